@@ -1,0 +1,1 @@
+"""Running engines and measuring them: sessions, guards, timing, plans and the result store."""

@@ -1,0 +1,108 @@
+"""Typed configuration of the Locks method: summary format and selection rule.
+
+One frozen object, validated once at the edge (CLI, vLLM additional_config, YAML), shared by the
+reference, the Triton kernels, the vLLM backend and the evaluation engines.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+PAGE_SIZE = 16  # tokens per KV page (vLLM block size); the method is defined for B = 16
+
+CombineRule = Literal["share_average", "group_max", "group_mass"]
+COMBINE_RULES: tuple[str, ...] = ("share_average", "group_max", "group_mass")
+
+_FORMAT_RE = re.compile(r"^r(?P<rank>\d+)(?P<prec>fp|i4|i8)$")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message says what to pass instead."""
+
+
+@dataclass(frozen=True)
+class SummaryFormat:
+    """Rank and basis precision of the page summaries: `rNiM` (int-M basis) or `rNfp` (unquantized).
+
+    Coefficients and centroid are int8 whenever the basis is quantized; `basis_bits=None` means fp.
+    """
+
+    rank: int = 8
+    basis_bits: int | None = 4
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.rank <= PAGE_SIZE - 1:
+            raise ConfigError(
+                f"rank {self.rank} is outside 1..{PAGE_SIZE - 1} (a centered page of {PAGE_SIZE} keys "
+                f"has rank at most {PAGE_SIZE - 1}); pass e.g. --format r8i4"
+            )
+        if self.basis_bits not in (None, 4, 8):
+            raise ConfigError(f"basis bits {self.basis_bits} unsupported; use 4, 8 or fp (e.g. r8i4, r8i8, r8fp)")
+
+    @property
+    def quantized(self) -> bool:
+        return self.basis_bits is not None
+
+    @property
+    def name(self) -> str:
+        return f"r{self.rank}{'fp' if self.basis_bits is None else f'i{self.basis_bits}'}"
+
+    @classmethod
+    def parse(cls, text: str) -> "SummaryFormat":
+        match = _FORMAT_RE.match(text.strip().lower())
+        if match is None:
+            raise ConfigError(f"summary format {text!r} is not rNiM or rNfp; pass e.g. r8i4, r8i8, r4i4 or r8fp")
+        prec = match["prec"]
+        return cls(rank=int(match["rank"]), basis_bits=None if prec == "fp" else int(prec[1:]))
+
+    def __str__(self) -> str:  # so f-strings and records show "r8i4"
+        return self.name
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    """How pages are chosen each decode step, per (sequence, layer, KV head).
+
+    budget_tokens: the per-(layer, KV head) token budget b; the page budget is k = ceil(b / B).
+    The sink page (page 0) and the most recent page count inside the budget.
+    """
+
+    budget_tokens: int = 2048
+    combine: CombineRule = "share_average"
+    page_size: int = PAGE_SIZE
+
+    def __post_init__(self) -> None:
+        if self.page_size != PAGE_SIZE:
+            raise ConfigError(f"page size {self.page_size} unsupported; Locks is defined for block_size={PAGE_SIZE}")
+        if self.budget_tokens < 2 * self.page_size:
+            raise ConfigError(
+                f"budget {self.budget_tokens} tokens leaves no room for the sink and recent pages; "
+                f"pass a budget of at least {2 * self.page_size} tokens"
+            )
+        if self.budget_tokens % self.page_size:
+            raise ConfigError(
+                f"budget {self.budget_tokens} is not a multiple of the page size {self.page_size}; "
+                f"pass e.g. {self.page_size * math.ceil(self.budget_tokens / self.page_size)}"
+            )
+        if self.combine not in COMBINE_RULES:
+            raise ConfigError(f"combine rule {self.combine!r} unknown; use one of {', '.join(COMBINE_RULES)}")
+
+    @property
+    def page_budget(self) -> int:
+        """k = ceil(b / B): pages attended per (sequence, layer, KV head), sink and recent included."""
+        return math.ceil(self.budget_tokens / self.page_size)
+
+
+@dataclass(frozen=True)
+class LocksConfig:
+    """Everything that defines a Locks arm: summary format, selection, and the scorer that ranks pages."""
+
+    summary: SummaryFormat = field(default_factory=SummaryFormat)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    scorer: str = "locks"  # a name in kernels.reference.selectors (oracle, locks, quest, centroid, ...)
+
+    def with_budget(self, budget_tokens: int) -> "LocksConfig":
+        return replace(self, selection=replace(self.selection, budget_tokens=budget_tokens))

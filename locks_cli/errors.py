@@ -1,0 +1,16 @@
+"""One-line user errors: what was wrong and how to fix it, printed without a traceback."""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+_stderr = Console(stderr=True)
+
+
+def fail(message: str, hint: str | None = None, code: int = 2) -> "typer.Exit":
+    """Print `error: message` (+ `hint:`) to stderr and return the Exit to raise."""
+    _stderr.print(f"[bold red]error:[/] {message}", highlight=False)
+    if hint:
+        _stderr.print(f"[yellow]hint:[/] {hint}", highlight=False)
+    return typer.Exit(code)

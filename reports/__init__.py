@@ -1,0 +1,1 @@
+"""Records -> pandas -> markdown tables and PNG plots; pure functions of the records."""

@@ -1,0 +1,1 @@
+"""What quality means: task generators and loaders, scorers, the microscope, evaluation engines."""
