@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 _stderr = Console(stderr=True)
 
 
 def fail(message: str, hint: str | None = None, code: int = 2) -> "typer.Exit":
     """Print `error: message` (+ `hint:`) to stderr and return the Exit to raise."""
-    _stderr.print(f"[bold red]error:[/] {message}", highlight=False)
+    _stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     if hint:
-        _stderr.print(f"[yellow]hint:[/] {hint}", highlight=False)
+        _stderr.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False)
     return typer.Exit(code)

@@ -2,6 +2,59 @@
 
 from __future__ import annotations
 
-import typer
+from pathlib import Path
+from typing import Optional
 
-app = typer.Typer(help="Markdown tables and plots from stored result records.", no_args_is_help=True)
+import typer
+from rich.console import Console
+
+from ..reports.plots import PlotsUnavailable
+from ..reports.records import RecordsError, read_jsonl
+from ..reports.render import plot_report, render_comparison, render_report
+from .errors import fail
+
+_stderr = Console(stderr=True)
+
+# A group callback rather than a command, so `locks report FILES...` needs no subcommand name;
+# interspersed args let options follow the files.
+app = typer.Typer(
+    help="Markdown tables and plots from stored result records.",
+    no_args_is_help=True,
+    subcommand_metavar="",
+    context_settings={"allow_interspersed_args": True},
+)
+
+
+@app.callback(invoke_without_command=True)
+def report(
+    results: Optional[list[Path]] = typer.Argument(None, help="JSONL result files (records of `locks bench` / `locks eval`).", show_default=False),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the markdown here instead of stdout."),
+    compare: Optional[tuple[Path, Path]] = typer.Option(None, "--compare", help="Two JSONL files A B: per-cell values and ratios B/A.", show_default=False),
+    plots: Optional[Path] = typer.Option(None, "--plots", help="Also write PNG plots into this folder (needs the `plots` extra; with --compare, of B)."),
+) -> None:
+    """Render the decode ladder, batched grid, kernel profile, quality and microscope tables."""
+    if not results and not compare:
+        raise fail("no results given", "pass one or more JSONL files, or --compare A.jsonl B.jsonl")
+    if results and compare:
+        raise fail("pass either RESULTS or --compare A B, not both", "compare two files with: locks report --compare A.jsonl B.jsonl")
+    try:
+        if compare:
+            records_a, records_b = read_jsonl([compare[0]]), read_jsonl([compare[1]])
+            text = render_comparison(records_a, records_b, title=f"Locks results: {compare[0].name} → {compare[1].name}")
+            records = records_b  # plots show the candidate B
+        else:
+            records = read_jsonl(results)
+            text = render_report(records)
+        written = plot_report(records, plots) if plots else []
+    except RecordsError as exc:
+        raise fail(exc.message, exc.hint or None) from None
+    except PlotsUnavailable as exc:
+        raise fail(str(exc)) from None
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+        _stderr.print(f"wrote {out}", highlight=False)
+    else:
+        typer.echo(text, nl=False)
+    for path in written:
+        _stderr.print(f"wrote {path}", highlight=False)

@@ -1,0 +1,263 @@
+"""Decode records -> one tidy frame -> the decode-efficiency ladder (batch 1).
+
+A cell is (setup, arm label, context, batch) with setup = (model, layers, graph mode, weights, dtype)
+and the arm label carrying the sparse knobs (format, budget). Speedup is always against the faster
+dense arm of the same (setup, context, batch); guard outcomes are recomputed from the raw windows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import markdown as md
+from .records import Record, dig, status_of
+from .schemas import is_dense_arm
+
+SETUP_KEYS = ["model", "num_layers", "graph_mode", "dummy_weights", "dtype"]
+CELL_KEYS = SETUP_KEYS + ["arm_label", "context_tokens", "batch_size"]
+
+
+def _guards_from_summary(record: Record, summary: Record) -> dict:
+    """Records without raw windows: the harness's one-word-per-guard summary (pass/fail/unavailable)."""
+    windows = int(summary.get("windows") or 0)
+    return {
+        "windows_n": windows,
+        "windows_clean": int(summary.get("clean_windows") or 0),
+        "windows_throttled": int(summary.get("throttle") == "fail"),
+        "lockstep_failures": int(summary.get("lockstep") == "fail"),
+        "throttle_unavailable": summary.get("throttle") == "unavailable",
+        "throttle_reasons": "",
+        "sm_clock_min_mhz": np.nan,
+        "sm_clock_max_mhz": np.nan,
+        "discards": "",
+        "path_failed": summary.get("deployed") == "fail" or dig(record, "path_check", "ok") is False,
+        "path_counters": "",
+    }
+
+
+def _guards(record: Record) -> dict:
+    """Guard outcomes recomputed from the record's raw windows, plus the sparse-path check."""
+    windows = record.get("windows") or []
+    if not windows and isinstance(record.get("guards"), dict):
+        return _guards_from_summary(record, record["guards"])
+    throttles = [w.get("throttle") or {} for w in windows]
+    clocks_min = [t["sm_clock_min_mhz"] for t in throttles if t.get("sm_clock_min_mhz") is not None]
+    clocks_max = [t["sm_clock_max_mhz"] for t in throttles if t.get("sm_clock_max_mhz") is not None]
+    reasons = sorted({str(r) for t in throttles for r in (t.get("reasons_seen") or [])})
+    discards = Counter(str(w["discard_reason"]) for w in windows if not w.get("clean") and w.get("discard_reason"))
+    return {
+        "windows_n": len(windows),
+        "windows_clean": sum(bool(w.get("clean")) for w in windows),
+        "windows_throttled": sum(t.get("ok") is False for t in throttles),
+        "lockstep_failures": sum(w.get("lockstep_ok") is False for w in windows),
+        "throttle_unavailable": any(t.get("available") is False for t in throttles),
+        "throttle_reasons": ", ".join(reasons),
+        "sm_clock_min_mhz": min(clocks_min) if clocks_min else np.nan,
+        "sm_clock_max_mhz": max(clocks_max) if clocks_max else np.nan,
+        "discards": "; ".join(f"{reason} ({count})" for reason, count in sorted(discards.items())),
+        "path_failed": bool(dig(record, "path_check", "required")) and dig(record, "path_check", "ok") is False,
+        "path_counters": ", ".join(f"{k}={v}" for k, v in sorted((dig(record, "path_check", "counters") or {}).items())),
+    }
+
+
+def arm_label(arm: str, cell: Record) -> str:
+    """`locks r8i4 b=2048`: the sparse knobs that tell two runs of one arm apart (defaults left out)."""
+    parts = [arm]
+    if cell.get("summary_format"):
+        parts.append(str(cell["summary_format"]))
+    if cell.get("scorer") and cell["scorer"] != "locks":
+        parts.append(str(cell["scorer"]))
+    if cell.get("combine") and cell["combine"] != "share_average":
+        parts.append(str(cell["combine"]))
+    if cell.get("budget_tokens") is not None:
+        parts.append(f"b={cell['budget_tokens']}")
+    return " ".join(parts)
+
+
+def _row(record: Record) -> dict:
+    cell = record.get("cell") or {}
+    status, reason = status_of(record)
+    budget = cell.get("budget_tokens")
+    arm = str(cell.get("arm") or cell.get("backend") or "?")
+    dense = is_dense_arm(arm, budget)
+    tpot_mean = dig(record, "tpot_ms", "mean", default=np.nan)
+    floor_ms = record.get("floor_ms")
+    return {
+        "model": str(cell.get("model") or "?"),
+        "num_layers": cell.get("num_layers") if cell.get("num_layers") is not None else -1,
+        "graph_mode": str(cell.get("graph_mode") or "?"),
+        "dummy_weights": bool(cell.get("dummy_weights")),
+        "arm": arm,
+        "backend": str(cell.get("backend") or ""),
+        "budget_tokens": budget,
+        "dense": dense,
+        "dtype": str(cell.get("dtype") or ""),
+        "arm_label": arm if dense else arm_label(arm, cell),
+        "context_tokens": int(cell.get("context_tokens") or 0),
+        "batch_size": int(cell.get("batch_size") or 1),
+        "status": status,
+        "reason": reason,
+        "date": str(dig(record, "provenance", "date", default="")),
+        "tpot_mean": tpot_mean,
+        "tpot_sd": dig(record, "tpot_ms", "sd", default=np.nan),
+        "tpot_n": dig(record, "tpot_ms", "n", default=np.nan),
+        "ttft_mean": dig(record, "ttft_ms", "steady_mean", default=np.nan),
+        "ttft_sd": dig(record, "ttft_ms", "steady_sd", default=np.nan),
+        "build_ms": record.get("build_ms") if record.get("build_ms") is not None else np.nan,
+        "bytes_dense": dig(record, "bytes_per_step", "dense", default=np.nan),
+        "bytes_locks": dig(record, "bytes_per_step", "locks", default=np.nan),
+        "floor_fraction": floor_ms / tpot_mean if floor_ms is not None and tpot_mean > 0 else np.nan,
+        "throughput_tok_s": record.get("throughput_tok_s") if record.get("throughput_tok_s") is not None else np.nan,
+        **_guards(record),
+    }
+
+
+def decode_frame(records: Sequence[Record]) -> pd.DataFrame:
+    """One row per decode cell (the newest record wins; `superseded` counts older repeats), with speedup."""
+    if not records:
+        return pd.DataFrame(columns=CELL_KEYS)
+    frame = pd.DataFrame([_row(r) for r in records])
+    frame = frame.sort_values(CELL_KEYS + ["date"], kind="stable")
+    frame["superseded"] = frame.groupby(CELL_KEYS)["date"].transform("size") - 1
+    frame = frame.drop_duplicates(CELL_KEYS, keep="last")
+    ok_dense = frame[frame["dense"] & (frame["status"] == "ok") & frame["tpot_mean"].notna()]
+    ok_dense = ok_dense.sort_values(SETUP_KEYS + ["context_tokens", "batch_size", "tpot_mean", "arm_label"])
+    fastest = ok_dense.drop_duplicates(SETUP_KEYS + ["context_tokens", "batch_size"], keep="first")
+    fastest = fastest[SETUP_KEYS + ["context_tokens", "batch_size", "arm_label", "tpot_mean", "throughput_tok_s"]]
+    fastest.columns = SETUP_KEYS + ["context_tokens", "batch_size", "dense_arm", "dense_tpot", "dense_throughput"]
+    frame = frame.merge(fastest, on=SETUP_KEYS + ["context_tokens", "batch_size"], how="left")
+    frame["speedup"] = np.where(frame["status"] == "ok", frame["dense_tpot"] / frame["tpot_mean"], np.nan)
+    order = SETUP_KEYS + ["context_tokens", "batch_size", "dense", "arm_label"]
+    ascending = [True] * (len(order) - 2) + [False, True]  # dense arms first within a cell
+    return frame.sort_values(order, ascending=ascending, kind="stable").reset_index(drop=True)
+
+
+def setup_title(setup: tuple) -> str:
+    model, layers, graph_mode, dummy, dtype = setup
+    layers_text = "all layers" if layers == -1 else f"{layers} layers"
+    dtype_text = f", {dtype}" if dtype else ""
+    return f"{model}, {layers_text}{dtype_text}, graph {graph_mode}, {'dummy' if dummy else 'real'} weights"
+
+
+def cell_name(row: pd.Series) -> str:
+    return f"decode {row['model']} {row['arm_label']} @ {md.fmt_tokens(row['context_tokens'])} bs{row['batch_size']}"
+
+
+def guard_flags(row: pd.Series) -> tuple[list[str], str]:
+    """Short flags for every guard that did not pass, and the sentence that spells them out."""
+    n, clean = int(row["windows_n"]), int(row["windows_clean"])
+    flags, details = [], [f"{clean} of {n} windows clean"]
+    if n == 0:
+        flags.append("unguarded")
+        details = ["no guard windows recorded"]
+    if row["windows_throttled"]:
+        flags.append("throttled")
+        clock = ""
+        if not md.missing(row["sm_clock_min_mhz"]):
+            clock = f"; SM clock {row['sm_clock_min_mhz']:.0f}–{row['sm_clock_max_mhz']:.0f} MHz"
+        details.append(f"{row['windows_throttled']} throttled (reasons: {row['throttle_reasons'] or 'none named'}{clock})")
+    if row["lockstep_failures"]:
+        flags.append("lockstep")
+        details.append(f"{row['lockstep_failures']} lockstep failures")
+    if row["throttle_unavailable"]:
+        flags.append("no NVML")
+        details.append("throttle guard unavailable, clocks unverified")
+    if row["path_failed"]:
+        flags.append("path check failed")
+        details.append(f"sparse path check failed ({row['path_counters'] or 'no counters'})")
+    if row["discards"]:
+        details.append(f"discarded: {row['discards']}")
+    if row["superseded"]:
+        flags.append("rerun")
+        details.append(f"{row['superseded']} older record(s) of this cell superseded")
+    return flags, f"{cell_name(row)}: " + "; ".join(details)
+
+
+def guard_marker(row: pd.Series, notes: md.Notes) -> str:
+    """A footnote marker when an `ok` cell has any guard flag, else the empty string."""
+    if row["status"] != "ok":
+        return ""
+    flags, sentence = guard_flags(row)
+    return notes.mark(sentence) if flags else ""
+
+
+def guard_cell(row: pd.Series, notes: md.Notes) -> str:
+    """`ok (5/5)` when every guard passed, else short flags with a footnote that spells them out."""
+    if row["status"] != "ok":
+        return md.DASH
+    flags, sentence = guard_flags(row)
+    counts = f"({int(row['windows_clean'])}/{int(row['windows_n'])})"
+    if not flags:
+        return f"ok {counts}"
+    return f"{', '.join(flags)} {counts}" + notes.mark(sentence)
+
+
+def _bytes_cell(row: pd.Series) -> str:
+    if row["dense"]:
+        return md.fmt_bytes(row["bytes_dense"])
+    text = md.fmt_bytes(row["bytes_locks"])
+    if not md.missing(row["bytes_dense"]) and not md.missing(row["bytes_locks"]) and row["bytes_locks"] > 0:
+        text += f" ({row['bytes_dense'] / row['bytes_locks']:.1f}× less)"
+    return text
+
+
+def cell_columns(row: pd.Series, notes: md.Notes) -> dict[str, str]:
+    """The ladder's columns of one cell, built in an order that numbers footnotes the same way each time."""
+    ok = row["status"] == "ok"
+    tpot = md.fmt_pm(row["tpot_mean"], row["tpot_sd"]) if ok else notes.status_cell(row["status"], row["reason"], cell_name(row))
+    return {
+        "Context": md.fmt_tokens(row["context_tokens"]),
+        "Batch": str(row["batch_size"]),
+        "Arm": row["arm_label"],
+        "TPOT ms (mean ± sd)": tpot,
+        "n": md.fmt_int(row["tpot_n"]) if ok else md.DASH,
+        "Speedup": md.fmt_ratio(row["speedup"]),
+        "Steady TTFT ms": md.fmt_pm(row["ttft_mean"], row["ttft_sd"], 1) if ok else md.DASH,
+        "Build ms": md.fmt_num(row["build_ms"], 0) if ok else md.DASH,
+        "KV bytes/step": _bytes_cell(row) if ok else md.DASH,
+        "Floor": md.fmt_pct(row["floor_fraction"]) if ok else md.DASH,
+        "Guards": guard_cell(row, notes),
+    }
+
+
+LADDER_HEADER = ["Context", "Arm", "TPOT ms (mean ± sd)", "n", "Speedup", "Steady TTFT ms",
+                 "Build ms", "KV bytes/step", "Floor", "Guards"]
+
+
+def _align(header: list[str]) -> str:
+    return "".join("l" if title in ("Context", "Arm", "TPOT ms (mean ± sd)", "Guards") else "r" for title in header)
+
+
+def _tables(frame: pd.DataFrame, header: list[str], notes: md.Notes) -> list[str]:
+    parts = []
+    for setup, group in frame.groupby(SETUP_KEYS, sort=True):
+        rows = [[columns[title] for title in header] for columns in (cell_columns(row, notes) for _, row in group.iterrows())]
+        parts += ["", f"### {setup_title(setup)}", "", md.table(header, rows, _align(header))]
+    return parts
+
+
+def render_ladder(frame: pd.DataFrame, notes: md.Notes) -> str:
+    """Batch-1 cells: one table per setup, rows by context then arm (dense arms first)."""
+    ladder = frame[frame["batch_size"] == 1] if len(frame) else frame
+    if ladder.empty:
+        return ""
+    return "\n".join(["## Decode-efficiency ladder (batch 1)", "",
+                      "Speedup is against the faster dense arm of the same context; Floor is the bandwidth "
+                      "floor as a share of the measured TPOT.", *_tables(ladder, LADDER_HEADER, notes)])
+
+
+
+def render_unpaired(frame: pd.DataFrame, notes: md.Notes) -> str:
+    """Batched cells of setups without a sparse arm: the grid has no row for them, so they are listed here."""
+    if frame.empty:
+        return ""
+    has_sparse = frame.groupby(SETUP_KEYS)["dense"].transform(lambda dense: not dense.all())
+    rest = frame[(frame["batch_size"] != 1) & ~has_sparse]
+    if rest.empty:
+        return ""
+    header = LADDER_HEADER[:1] + ["Batch"] + LADDER_HEADER[1:]
+    return "\n".join(["## Batched cells without a sparse arm", *_tables(rest, header, notes)])

@@ -1,0 +1,138 @@
+"""PNG plots (matplotlib, Agg): TPOT vs context, speedup vs context per batch, quality vs budget."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from . import markdown as md
+from .decode import SETUP_KEYS, setup_title
+from .quality import ALL_TASKS, FULL_BUDGET, TABLE_KEYS, quality_table
+
+logger = logging.getLogger(__name__)
+
+
+class PlotsUnavailable(RuntimeError):
+    """matplotlib is not installed."""
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise PlotsUnavailable("plots need matplotlib; install the extra: pip install 'locks-toolkit[plots]'") from exc
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _grid_of(plt: Any, count: int) -> tuple[Any, list[Any]]:
+    cols = min(count, 3)
+    rows = -(-count // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4 * rows), squeeze=False)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:count])
+
+
+def _wrap(title: str) -> str:
+    return "\n".join(textwrap.wrap(title, 60))
+
+
+def _context_axis(ax: Any, contexts: list[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(contexts, [md.fmt_tokens(c) for c in contexts])
+    ax.set_xlabel("context (tokens)")
+    ax.grid(True, alpha=0.3)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=110, metadata={"Software": None})  # no version stamp in the bytes
+    plt.close(fig)
+    logger.debug("wrote %s", path)
+    return path
+
+
+def plot_tpot(decode: pd.DataFrame, path: Path) -> Path | None:
+    """TPOT mean ± sd vs context, one line per arm, one panel per setup (batch 1, ok cells)."""
+    ok = decode[(decode["status"] == "ok") & (decode["batch_size"] == 1)] if len(decode) else decode
+    if ok.empty:
+        return None
+    plt = _pyplot()
+    groups = list(ok.groupby(SETUP_KEYS, sort=True))
+    fig, axes = _grid_of(plt, len(groups))
+    for ax, (setup, group) in zip(axes, groups):
+        for arm, line in group.groupby("arm_label", sort=True):
+            ax.errorbar(line["context_tokens"], line["tpot_mean"], yerr=line["tpot_sd"].fillna(0), marker="o", capsize=3, label=arm)
+        _context_axis(ax, sorted(group["context_tokens"].unique()))
+        ax.set_ylabel("TPOT (ms)")
+        ax.set_title(_wrap(setup_title(setup)), fontsize=8)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def plot_speedup(decode: pd.DataFrame, path: Path) -> Path | None:
+    """Speedup vs context, one line per batch size, one panel per (setup, sparse arm)."""
+    sparse = decode[~decode["dense"] & decode["speedup"].notna()] if len(decode) else decode
+    if sparse.empty:
+        return None
+    plt = _pyplot()
+    groups = list(sparse.groupby(SETUP_KEYS + ["arm_label"], sort=True))
+    fig, axes = _grid_of(plt, len(groups))
+    for ax, ((*setup, arm), group) in zip(axes, groups):
+        for batch, line in group.groupby("batch_size", sort=True):
+            ax.plot(line["context_tokens"], line["speedup"], marker="o", label=f"bs{batch}")
+        ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+        _context_axis(ax, sorted(group["context_tokens"].unique()))
+        ax.set_ylabel("speedup vs faster dense")
+        ax.set_title(_wrap(f"{arm}: {setup_title(tuple(setup))}"), fontsize=8)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def plot_quality(evals: pd.DataFrame, path: Path) -> Path | None:
+    """Mean score with its 95% CI vs budget per arm (pooled over tasks); dense arms as dashed lines."""
+    table = quality_table(evals)
+    if table.empty or not (table["n"] > 0).any():
+        return None
+    pooled = table[(table["task"] == ALL_TASKS) | (table.groupby(TABLE_KEYS)["task"].transform("nunique") == 1)]
+    pooled = pooled[pooled["n"] > 0]
+    plt = _pyplot()
+    groups = list(pooled.groupby(TABLE_KEYS, sort=True))
+    fig, axes = _grid_of(plt, len(groups))
+    for ax, ((suite, model, context), group) in zip(axes, groups):
+        for arm, line in group.groupby("arm_label", sort=True):
+            sparse = line[line["budget_sort"] != FULL_BUDGET]
+            if not sparse.empty:
+                ax.plot(sparse["budget_sort"], sparse["mean"], marker="o", label=arm)
+                ax.fill_between(sparse["budget_sort"], sparse["low"], sparse["high"], alpha=0.2)
+            for _, dense in line[line["budget_sort"] == FULL_BUDGET].iterrows():
+                ax.axhline(dense["mean"], linestyle="--", linewidth=1, color="black", label=f"{arm} (full)")
+        budgets = sorted(b for b in group["budget_sort"].unique() if b != FULL_BUDGET)
+        if budgets:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(budgets, [str(int(b)) for b in budgets])
+        ax.set_xlabel("budget (tokens)")
+        ax.set_ylabel("score")
+        ax.set_ylim(-0.02, 1.02)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(_wrap(f"{suite}: {model} @ {md.fmt_tokens(context)}"), fontsize=8)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
+def write_plots(decode: pd.DataFrame, evals: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Every plot the frames support, as PNG files in `out_dir` (created); returns the paths written."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [
+        plot_tpot(decode, out_dir / "tpot_vs_context.png"),
+        plot_speedup(decode, out_dir / "speedup_vs_context.png"),
+        plot_quality(evals, out_dir / "quality_vs_budget.png"),
+    ]
+    return [path for path in written if path is not None]

@@ -1,0 +1,122 @@
+"""Quality vs budget per suite and task, with seeded bootstrap confidence intervals over records."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from . import markdown as md
+from .records import Record, dig, status_of
+
+TABLE_KEYS = ["suite", "model", "context_tokens"]
+ROW_KEYS = ["task", "budget_sort"]
+CELL_KEYS = TABLE_KEYS + ROW_KEYS + ["arm_label"]
+ALL_TASKS = "(all tasks)"
+FULL_BUDGET = np.inf  # dense arms have no budget; they sort after every finite budget
+
+
+def bootstrap_ci(scores: Sequence[float], level: float = 0.95, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(mean, low, high): percentile bootstrap of the mean; the fixed seed makes the bounds reproducible."""
+    values = np.asarray(scores, dtype=np.float64)
+    if values.size == 0:
+        return (np.nan, np.nan, np.nan)
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, values.size, size=(resamples, values.size))].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(values.mean()), float(low), float(high)
+
+
+def _row(record: Record) -> dict:
+    cell = record.get("cell") or {}
+    status, reason = status_of(record)
+    arm, fmt = str(cell.get("arm") or "?"), cell.get("format")
+    budget = cell.get("budget_tokens")
+    score = record.get("score")
+    return {
+        "suite": str(cell.get("suite") or "?"),
+        "model": str(cell.get("model") or "?"),
+        "context_tokens": int(cell.get("context_tokens") or 0),
+        "task": str(cell.get("task") or "?"),
+        "budget_sort": FULL_BUDGET if budget is None else float(budget),
+        "arm_label": arm if not fmt or str(fmt) in arm else f"{arm} {fmt}",
+        "record_id": str(cell.get("record_id") or ""),
+        "status": "error" if status == "ok" and score is None else status,
+        "reason": "ok record without a score" if status == "ok" and score is None else reason,
+        "score": np.nan if score is None else float(score),
+        "date": str(dig(record, "provenance", "date", default="")),
+    }
+
+
+def eval_frame(records: Sequence[Record]) -> pd.DataFrame:
+    """One row per eval record; the newest record of a repeated (cell, record_id) wins."""
+    if not records:
+        return pd.DataFrame(columns=CELL_KEYS + ["record_id", "status", "reason", "score"])
+    frame = pd.DataFrame([_row(r) for r in records]).sort_values(CELL_KEYS + ["record_id", "date"], kind="stable")
+    return frame.drop_duplicates(CELL_KEYS + ["record_id"], keep="last").reset_index(drop=True)
+
+
+def _failures(group: pd.DataFrame) -> str:
+    failed = group[group["status"] != "ok"]
+    if failed.empty:
+        return ""
+    parts = []
+    for (status, reason), rows in failed.groupby(["status", "reason"], sort=True):
+        parts.append(f"{md.STATUS_LABEL.get(status, status)} ({len(rows)}) — {reason or 'no reason recorded'}")
+    return f"{len(failed)} of {len(group)} records not scored: " + "; ".join(parts)
+
+
+def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per cell: n, mean score and its 95% bootstrap CI, plus a sentence for unscored records.
+
+    When a suite has several tasks, an `(all tasks)` row pools their records.
+    """
+    if frame.empty:
+        return pd.DataFrame(columns=CELL_KEYS + ["n", "mean", "low", "high", "failures"])
+    pooled = frame[frame.groupby(TABLE_KEYS)["task"].transform("nunique") > 1].assign(task=ALL_TASKS)
+    rows = []
+    for key, group in pd.concat([frame, pooled]).groupby(CELL_KEYS, sort=True):
+        scores = group.loc[group["status"] == "ok", "score"].to_numpy()
+        mean, low, high = bootstrap_ci(scores)
+        rows.append(dict(zip(CELL_KEYS, key), n=int(scores.size), mean=mean, low=low, high=high, failures=_failures(group)))
+    table = pd.DataFrame(rows)
+    table["task_sort"] = table["task"] == ALL_TASKS  # the pooled row closes each suite
+    return table.sort_values(TABLE_KEYS + ["task_sort", "task", "budget_sort", "arm_label"], kind="stable").drop(columns="task_sort")
+
+
+def budget_text(budget: float) -> str:
+    return "full" if budget == FULL_BUDGET else str(int(budget))
+
+
+def render_quality(frame: pd.DataFrame, notes: md.Notes) -> str:
+    """One table per (suite, model, context): rows (task, budget), a column per arm, `mean [low, high]`."""
+    table = quality_table(frame)
+    if table.empty:
+        return ""
+    parts = ["## Quality vs budget (mean score, 95% bootstrap CI over records)"]
+    for (suite, model, context), group in table.groupby(TABLE_KEYS, sort=True):
+        arms = sorted(group["arm_label"].unique())
+        rows = []
+        for (task, budget), cells in group.groupby(ROW_KEYS, sort=False):
+            row = [task, budget_text(budget)]
+            for arm in arms:
+                hit = cells[cells["arm_label"] == arm]
+                if hit.empty:
+                    row.append(md.DASH)
+                    continue
+                cell = hit.iloc[0]
+                where = f"eval {suite}/{task} {arm} b={budget_text(budget)} @ {md.fmt_tokens(context)}"
+                if cell["n"] == 0:
+                    text = "no scores"
+                elif cell["n"] == 1:
+                    text = f"{md.fmt_num(cell['mean'])} (n=1)"
+                else:
+                    text = f"{md.fmt_num(cell['mean'])} [{md.fmt_num(cell['low'])}, {md.fmt_num(cell['high'])}] (n={cell['n']})"
+                if cell["failures"]:
+                    text += notes.mark(f"{where}: {cell['failures']}")
+                row.append(text)
+            rows.append(row)
+        parts += ["", f"### {suite} — {model} @ {md.fmt_tokens(context)}", "", md.table(["Task", "Budget"] + arms, rows, "ll" + "r" * len(arms))]
+    return "\n".join(parts)

@@ -1,0 +1,70 @@
+"""The record fields the report reads, per schema; producers write these names.
+
+Every record is one JSON object per line with the envelope of docs/architecture.md:
+
+    schema      "locks.bench.decode/1" | "locks.bench.kernel/1" | "locks.eval/1" | "locks.microscope/1"
+    kind        short name of the schema ("decode", "kernel", "eval", "microscope")
+    cell        the knobs that identify the measurement (below, per schema)
+    status      "ok" | "refused" | "oom" | "error";  reason: str (why, when not ok)
+    provenance  {git_commit, git_dirty, versions{torch, triton, vllm, ...},
+                 gpu{name, driver, ...}, host, date (ISO 8601, UTC)}
+    command     the command line that reproduces the record
+
+Measurements (absent or null fields render as an em dash; a record that is not `ok` may omit them):
+
+locks.bench.decode/1  (one per (arm, model, context, batch) session)
+    cell          {arm, backend, model, num_layers, context_tokens, batch_size, budget_tokens
+                   (null for dense arms), graph_mode, dummy_weights, workload}
+    tpot_ms       {mean, sd, p50, p99, n}        over clean windows
+    windows       [{step_ms[], lockstep_ok, clean, discard_reason,
+                    throttle{available, ok, reasons_seen[], sm_clock_min_mhz, sm_clock_max_mhz}}]
+    ttft_ms       {steady_mean, steady_sd, n}
+    build_ms      one-time summary build of the prompt (sparse arms)
+    bytes_per_step {dense, locks}                KV bytes read per decode step
+    floor_ms      bandwidth floor of this arm's bytes per step (floor fraction = floor_ms / tpot mean)
+    throughput_tok_s
+    path_check    {required, ok, counters{}}     the sparse path really ran
+
+locks.bench.kernel/1  (one per (preset, context, batch): harness/kernel_bench.py)
+    cell          {preset (or geometry), context_tokens, batch_size, budget_tokens, format, combine}
+    timings_us    {stage: {mean_us, ...}};  bytes, floor_us, floor_fraction: {stage: number}
+    best_dense, speedup_vs_dense
+  also read: one record per stage, cell.stage + us_per_layer, bytes, floor_us, floor_fraction
+
+locks.eval/1  (one per (suite, task, arm, budget, record))
+    cell          {suite, task, arm, format, budget_tokens (null = dense), context_tokens,
+                   record_id, model}
+    score         0..1;  generation, reference: text
+
+locks.microscope/1  (one per (selector, format, budget, layer, record))
+    cell          {selector, format, budget_tokens, layer, record_id}
+    metrics       {gamma, gamma_c, recall, needle_retention, score_err_p50, score_err_p95,
+                   score_err_max, share_log_err, captured_energy, bound_violations}
+"""
+
+from __future__ import annotations
+
+DECODE = "locks.bench.decode/1"
+KERNEL = "locks.bench.kernel/1"
+EVAL = "locks.eval/1"
+MICROSCOPE = "locks.microscope/1"
+KNOWN_SCHEMAS: tuple[str, ...] = (DECODE, KERNEL, EVAL, MICROSCOPE)
+
+STATUSES: tuple[str, ...] = ("ok", "refused", "oom", "error")
+
+# Arms that read the whole KV cache; "speedup" is always against the faster of these.
+DENSE_ARMS: frozenset[str] = frozenset(
+    {"fa3", "fa2", "flash_attn", "flash-attn", "flashattention", "flashinfer", "dense", "fullkv", "full", "cpu"}
+)
+
+
+def is_dense_arm(arm: str, budget_tokens: int | None) -> bool:
+    """The harness's arm registry decides; unregistered names: a known dense name, or no budget and not Locks."""
+    from ..harness.arms import ARMS
+
+    if arm in ARMS:
+        return not ARMS[arm].sparse
+    name = (arm or "").lower()
+    if name in DENSE_ARMS or name.startswith("dense"):
+        return True
+    return budget_tokens is None and "locks" not in name

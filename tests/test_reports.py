@@ -1,0 +1,321 @@
+"""`reports/`: every table against a golden file, plus hand-checked numbers behind them.
+
+Fixtures (tests/fixtures/*.jsonl) are hand-chosen records that include refused, OOM, throttled and
+error cells. Golden files live in tests/golden/. After an intended change of the output, regenerate
+them and review the diff:
+
+    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_reports.py -q
+
+The test then rewrites the golden files and passes; without the variable a mismatch fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from locks_toolkit.reports import markdown as md
+from locks_toolkit.reports.compare import ratios
+from locks_toolkit.reports.decode import decode_frame, render_ladder
+from locks_toolkit.reports.grid import grid_frame, render_grid
+from locks_toolkit.reports.kernel import kernel_frame, render_kernel
+from locks_toolkit.reports.microscope import fidelity_table, microscope_frame, render_microscope
+from locks_toolkit.reports.provenance import provenance_header
+from locks_toolkit.reports.quality import bootstrap_ci, eval_frame, quality_table, render_quality
+from locks_toolkit.reports.records import RecordsError, read_jsonl, split_by_schema
+from locks_toolkit.reports.render import render_comparison, render_report
+from locks_toolkit.reports.schemas import DECODE, EVAL, KERNEL, MICROSCOPE
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GOLDEN = Path(__file__).parent / "golden"
+ALL = [FIXTURES / f"{name}.jsonl" for name in ("decode", "kernel", "eval", "microscope", "unknown")]
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text, encoding="utf-8")
+        return
+    assert path.exists(), f"golden file {path} missing; run with UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden file (UPDATE_GOLDEN=1 to accept)"
+
+
+def records(name: str) -> list[dict]:
+    return read_jsonl([FIXTURES / f"{name}.jsonl"])
+
+
+def section(render, frame) -> str:
+    """One table with its own footnotes, as the golden files hold it."""
+    notes = md.Notes()
+    return render(frame, notes) + "\n\n" + notes.render() + "\n"
+
+
+# --- golden files: one per table, and the whole report --------------------------------------------------
+
+
+def test_ladder_golden():
+    check_golden("ladder.md", section(render_ladder, decode_frame(records("decode"))))
+
+
+def test_grid_golden():
+    check_golden("grid.md", section(render_grid, decode_frame(records("decode"))))
+
+
+def test_kernel_golden():
+    check_golden("kernel.md", section(render_kernel, kernel_frame(records("kernel"))))
+
+
+def test_quality_golden():
+    check_golden("quality.md", section(render_quality, eval_frame(records("eval"))))
+
+
+def test_microscope_golden():
+    check_golden("microscope.md", section(render_microscope, microscope_frame(records("microscope"))))
+
+
+def test_provenance_golden():
+    record_set = split_by_schema(read_jsonl(ALL))
+    notes = md.Notes()
+    check_golden("provenance.md", provenance_header(record_set, notes) + "\n\n" + notes.render() + "\n")
+
+
+def test_full_report_golden_and_independent_of_record_order():
+    all_records = read_jsonl(ALL)
+    text = render_report(all_records)
+    check_golden("report.md", text)
+    shuffled = list(all_records)
+    random.Random(7).shuffle(shuffled)
+    assert render_report(shuffled) == text
+
+
+def test_compare_golden():
+    text = render_comparison(records("compare_a"), records("compare_b"), title="A vs B")
+    check_golden("compare.md", text)
+
+
+# --- nothing silently dropped -------------------------------------------------------------------------
+
+
+def test_every_failed_cell_has_a_footnote_with_its_reason():
+    all_records = read_jsonl(ALL)
+    text = render_report(all_records)
+    failed = [r for r in all_records if r.get("status") not in (None, "ok")]
+    assert {r["status"] for r in failed} == {"refused", "oom", "error"}  # the fixtures cover every failure
+    notes = text.split("## Notes", 1)[1]
+    for record in failed:
+        assert record["reason"] in notes, f"no footnote for {record['cell']}"
+
+
+def test_throttled_and_lockstep_windows_are_footnoted():
+    notes = md.Notes()
+    table = render_ladder(decode_frame(records("decode")), notes)
+    assert "throttled (2/3)[^" in table and "lockstep (2/3)[^" in table and "no NVML (3/3)[^" in table
+    assert "SM clock 1410–1980 MHz" in notes.render()
+    assert "sw_thermal_slowdown" in notes.render()
+
+
+def test_unknown_schema_is_counted_not_dropped():
+    text = render_report(read_jsonl(ALL))
+    assert "`locks.bench.prefill/0`: 1 record not shown[^" in text
+
+
+def test_newest_record_of_a_repeated_cell_wins_and_is_flagged():
+    decode = records("decode")
+    rerun = json.loads(json.dumps(decode[0]))  # fa3 @ 16k bs1, measured again later
+    rerun["tpot_ms"]["mean"] = 6.50
+    rerun["provenance"]["date"] = "2026-12-01T00:00:00+00:00"
+    frame = decode_frame([rerun] + decode)  # file order must not matter: the date decides
+    row = frame[(frame["arm_label"] == "fa3") & (frame["context_tokens"] == 16384) & (frame["batch_size"] == 1)]
+    assert len(row) == 1 and row["tpot_mean"].item() == 6.50 and row["superseded"].item() == 1
+    notes = md.Notes()
+    assert "rerun (3/3)[^" in render_ladder(frame, notes)
+    assert "1 older record(s) of this cell superseded" in notes.render()
+
+
+# --- hand-checked numbers -----------------------------------------------------------------------------
+
+
+def _cell(frame, arm_label, context, batch):
+    hit = frame[(frame["arm_label"] == arm_label) & (frame["context_tokens"] == context) & (frame["batch_size"] == batch)]
+    assert len(hit) == 1
+    return hit.iloc[0]
+
+
+def test_speedup_is_against_the_faster_dense_arm():
+    frame = decode_frame(records("decode"))
+    # 32k: flashinfer (6.91) beats fa3 (7.33); 1m: flashinfer errored, so fa3 (27.50) is the reference.
+    assert _cell(frame, "locks r8i4 b=2048", 32768, 1)["speedup"] == pytest.approx(6.91 / 7.24)
+    assert _cell(frame, "fa3", 32768, 1)["speedup"] == pytest.approx(6.91 / 7.33)
+    assert _cell(frame, "locks r8i4 b=2048", 1048576, 1)["speedup"] == pytest.approx(27.50 / 12.95)
+    assert _cell(frame, "locks r8i4 b=2048", 1048576, 1)["dense_arm"] == "fa3"
+    # 128k bs16: both dense arms OOM, so no speedup exists although the sparse arm ran.
+    assert math.isnan(_cell(frame, "locks r8i4 b=2048", 131072, 16)["speedup"])
+    floor = _cell(frame, "fa3", 16384, 1)
+    assert floor["floor_fraction"] == pytest.approx(records("decode")[0]["floor_ms"] / 6.93)
+
+
+def test_frontier_is_the_largest_batch_with_a_speedup():
+    sparse = grid_frame(decode_frame(records("decode")))
+    frontier = sparse[sparse["is_frontier"]].set_index("context_tokens")["batch_size"].to_dict()
+    assert frontier == {16384: 1, 32768: 32, 131072: 8, 1048576: 1}
+    table = render_grid(decode_frame(records("decode")), md.Notes())
+    assert "**1.26×**" in table and "**1.59×**" in table  # 15.40/12.20 and 29.00/18.20
+    assert "bs32: 2623 / 2078 (flashinfer)" in table  # 32 * 1000 / 12.20 and 32 * 1000 / 15.40
+    assert "dense OOM; 31.40 ms[^" in table
+
+
+def test_compare_ratios_by_hand():
+    a, b = split_by_schema(records("compare_a")), split_by_schema(records("compare_b"))
+    keys, metrics = ["arm_label", "context_tokens", "batch_size"], ["tpot_mean", "speedup"]
+    merged = ratios(decode_frame(a.get(DECODE)), decode_frame(b.get(DECODE)), keys, metrics).set_index(keys)
+    locks_32k = merged.loc[("locks r8i4 b=2048", 32768, 1)]
+    assert locks_32k["tpot_mean_ratio"] == pytest.approx(0.966851, abs=1e-6)  # 7.00 / 7.24
+    assert locks_32k["speedup_ratio"] == pytest.approx(1.034286, abs=1e-6)  # (7.33/7.00) / (7.33/7.24)
+    locks_128k = merged.loc[("locks r8i4 b=2048", 131072, 1)]
+    assert locks_128k["status_b"] == "oom" and math.isnan(locks_128k["tpot_mean_ratio"])
+    assert merged.loc[("fa3", 1048576, 1), "side"] == "right_only"
+    quality = ratios(quality_table(eval_frame(a.get(EVAL))), quality_table(eval_frame(b.get(EVAL))),
+                     ["task", "arm_label"], ["mean"])
+    assert quality["mean_ratio"].tolist() == [pytest.approx(4 / 3)]  # 1.00 / 0.75
+    text = render_comparison(records("compare_a"), records("compare_b"))
+    assert "7.24 → 7.00 (0.967×)" in text and "8.27 → OOM[^" in text and "absent → 12.50" in text
+    assert "0.750 → 1.000 (1.333×)" in text
+
+
+def test_bootstrap_all_equal_scores_give_a_zero_width_interval():
+    mean, low, high = bootstrap_ci([0.7] * 9)
+    assert mean == low == high == pytest.approx(0.7)
+
+
+def test_bootstrap_two_values_hand_case():
+    # Resampling {0, 1} twice gives means 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4: the 2.5% and
+    # 97.5% quantiles are the sample's own extremes.
+    assert bootstrap_ci([0.0, 1.0]) == (0.5, 0.0, 1.0)
+    mean, low, high = bootstrap_ci([0.0, 1.0] * 10)
+    assert mean == 0.5 and 0.0 <= low < 0.5 < high <= 1.0
+    assert bootstrap_ci([0.0, 1.0] * 10) == (mean, low, high)  # seeded: deterministic
+    assert all(math.isnan(v) for v in bootstrap_ci([]))
+
+
+def test_quality_table_counts_failures_and_pools_tasks():
+    table = quality_table(eval_frame(records("eval"))).set_index(["task", "arm_label", "budget_sort"])
+    fullkv = table.loc[("niah_single_2", "fullkv", math.inf)]
+    assert fullkv["n"] == 5 and fullkv["mean"] == 1.0 and "OOM (1)" in fullkv["failures"]
+    refused = table.loc[("niah_single_2", "locks r8i4", 32.0)]
+    assert refused["n"] == 0 and "refused (3)" in refused["failures"]
+    pooled = table.loc[("(all tasks)", "locks r8i4", 2048.0)]
+    assert pooled["n"] == 12 and pooled["mean"] == pytest.approx((6 * 1.0 + 5.0) / 12)
+
+
+def test_microscope_combines_mean_max_and_sum():
+    frame = microscope_frame(records("microscope"))
+    row = fidelity_table(frame).set_index(["budget_tokens", "selector_label"]).loc[(2048, "locks r8i4")]
+    ok = frame[(frame["budget_tokens"] == 2048) & (frame["selector_label"] == "locks r8i4")]
+    assert row["n"] == 4
+    assert row["gamma"] == pytest.approx(ok["gamma"].mean())
+    assert row["score_err_max"] == ok["score_err_max"].max()
+    assert row["bound_violations"] == 1 + 1 + 3 + 3  # layer 0: 1 each, layer 20: 3 each
+
+
+def test_microscope_reads_the_names_of_suites_summarize():
+    # suites/records.py nests `summarize([cell])` under `metrics`; a pooled summary row is flat.
+    names = {"gamma_mean": 0.91, "gamma_c_mean": 0.85, "recall_mean": 0.8, "share_log_err_wmean": 0.02,
+             "needle_retention": None, "audit_violated": 2}
+    cell = {"selector": "locks", "format": "r8i4", "budget_tokens": 256, "layer": 3, "record_id": "niah-0"}
+    nested = {"schema": MICROSCOPE, "cell": cell, "status": "ok", "reason": None, "metrics": names}
+    flat = {"schema": MICROSCOPE, "cell": {**cell, "layer": None}, "status": "ok", **names}
+    for record in (nested, flat):
+        row = microscope_frame([record]).iloc[0]
+        assert (row["gamma"], row["gamma_c"], row["recall"], row["share_log_err"], row["bound_violations"]) == (0.91, 0.85, 0.8, 0.02, 2)
+        assert math.isnan(row["needle_retention"])
+
+
+def test_kernel_stages_are_exploded_from_the_bench_record():
+    frame = kernel_frame(records("kernel")).set_index(["context_tokens", "batch_size", "stage"])
+    score = frame.loc[(1048576, 1, "score")]
+    assert score["us_per_layer"] == 41.0
+    assert score["floor_fraction"] == pytest.approx((65536 * 2 * 960 / 4.23e12 * 1e6) / 41.0, abs=1e-4)
+    assert frame.loc[(1048576, 4, "*"), "status"] == "oom"  # a failed cell has no stages, one row
+    table = render_kernel(kernel_frame(records("kernel")), md.Notes())
+    assert "| 1m | 1 | 2048 | 1950.0 (8%) | 41.0 (73%) |" in table and "5.00× (flashinfer)" in table  # 290 / 58
+
+
+def test_kernel_floor_fraction_derived_when_missing():
+    record = {"schema": KERNEL, "cell": {"geometry": "g", "context_tokens": 1024, "batch_size": 1,
+              "budget_tokens": 256, "stage": "attend"}, "status": "ok", "us_per_layer": 8.0, "floor_us": 6.0}
+    assert kernel_frame([record]).iloc[0]["floor_fraction"] == 0.75
+
+
+def test_no_known_schema_is_an_error_naming_the_fix():
+    with pytest.raises(RecordsError, match="no record of a known schema .*locks bench"):
+        render_report(records("unknown"))
+
+
+def test_markdown_table_rejects_a_wrong_alignment():
+    with pytest.raises(ValueError, match="2 letters for 3 columns"):
+        md.table(["a", "b", "c"], [], "lr")
+
+
+def test_a_cpu_smoke_record_as_the_harness_writes_it_renders():
+    from locks_toolkit.harness.traffic import step_stats
+
+    tpot = step_stats([41.0, 43.5, 42.0, 44.1], batch=1)
+    window = {"step_ms": [41.0, 43.5, 42.0, 44.1], "lockstep_ok": True, "clean": True, "discard_reason": None,
+              "throttle": {"available": False, "ok": None, "reasons_seen": [], "reasons_mask": None,
+                           "sm_clock_min_mhz": None, "sm_clock_max_mhz": None, "reason": "NVML unavailable"},
+              "nvml_samples": None}
+    record = {
+        "schema": DECODE, "kind": "decode", "status": "ok", "reason": "",
+        "cell": {"arm": "cpu", "backend": "CPU_ATTN", "model": "tiny-llama", "num_layers": 2, "context_tokens": 512,
+                 "batch_size": 1, "budget_tokens": None, "summary_format": None, "graph_mode": "none",
+                 "dummy_weights": True, "dtype": "float32", "workload": "1q1s512"},
+        "provenance": {"git_commit": None, "git_dirty": None, "versions": {"vllm": None}, "gpu": None, "date": "2026-11-29T16:00:00+00:00"},
+        "tpot_ms": tpot, "throughput_tok_s": tpot["tokens_per_s"], "windows": [window], "ttft_ms": None, "build_ms": None,
+        "bytes_per_step": {"dense": 4194304, "locks": None, "live_tokens": 520, "floor_ms": 0.5}, "floor_ms": 0.5,
+        "path_check": {"required": False, "ok": True, "status": "not_applicable", "counters": None},
+    }
+    text = render_report([record])
+    assert f"| 512 | cpu | {tpot['mean']:.2f} ± {tpot['sd']:.2f} | 4 | 1.00× | — | — | 4.2 MB |" in text
+    assert "no NVML (1/1)[^" in text and "GPUs: no GPU" in text and "Commits: unknown" in text
+
+
+def test_readme_example_is_the_current_output():
+    readme = (Path(__file__).parents[1] / "reports" / "README.md").read_text(encoding="utf-8")
+    example = readme.split("not a measurement):\n\n", 1)[1].split("\n\nModules:", 1)[0]
+    rendered = section(render_ladder, decode_frame(records("decode")))
+    for block in example.split("\n\n"):
+        assert block in rendered, "reports/README.md example is stale; paste the ladder from tests/golden/ladder.md"
+
+
+def test_compare_when_each_side_holds_a_different_kind():
+    text = render_comparison(records("decode"), records("microscope"))
+    assert "## Decode cells: A → B (B/A)" in text and "## Selection fidelity (microscope): A → B (B/A)" in text
+    assert "6.93 → absent" in text and "absent → 0.952" in text  # fa3 @ 16k; oracle γ at b=2048
+
+
+def test_batched_dense_only_cells_are_listed_not_dropped():
+    dense_bs8 = [r for r in records("decode") if r["cell"]["arm"] != "locks" and r["cell"]["batch_size"] == 8]
+    text = render_report(dense_bs8)
+    assert "## Batched cells without a sparse arm" in text
+    assert "| 32k | 8 | fa3 | 9.10 ± 0.03 |" in text and "| 1m | 8 | fa3 | refused[^" in text
+    only_bs8 = [r for r in records("decode") if r["cell"]["batch_size"] == 8]  # no batch-1 cell at all
+    assert "**1.59×**" in render_report(only_bs8)
+
+
+def test_guard_summary_is_used_when_raw_windows_are_absent():
+    record = json.loads(json.dumps(records("decode")[0]))
+    del record["windows"]
+    record["guards"] = {"clean_windows": 2, "windows": 3, "lockstep": "pass", "throttle": "fail", "deployed": "not_applicable"}
+    notes = md.Notes()
+    assert "throttled (2/3)[^1]" in render_ladder(decode_frame([record]), notes)
+
+
+@pytest.mark.parametrize("schema", [DECODE, KERNEL, EVAL, MICROSCOPE])
+def test_bare_records_render_with_dashes_not_crashes(schema):
+    text = render_report([{"schema": schema, "status": "ok"}, {"schema": schema}])
+    assert "no status field" in text  # the record without a status is an error cell with its footnote

@@ -1,0 +1,103 @@
+"""`locks report` through typer's CliRunner, and the PNG plots (file type and size, not pixels)."""
+
+from __future__ import annotations
+
+import builtins
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from locks_toolkit.locks_cli.main import app
+from locks_toolkit.reports.records import read_jsonl
+from locks_toolkit.reports.render import plot_report, render_comparison, render_report
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+runner = CliRunner()
+
+
+def stderr_text(result) -> str:
+    """stderr with rich's line wrapping undone."""
+    return " ".join(result.stderr.split())
+
+
+def fixture(name: str) -> str:
+    return str(FIXTURES / f"{name}.jsonl")
+
+
+def test_report_prints_the_markdown_of_all_given_files():
+    result = runner.invoke(app, ["report", fixture("decode"), fixture("eval")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == render_report(read_jsonl([fixture("decode"), fixture("eval")]))
+
+
+def test_report_writes_to_out_when_options_follow_the_files(tmp_path):
+    out = tmp_path / "sub" / "report.md"
+    result = runner.invoke(app, ["report", fixture("kernel"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text(encoding="utf-8") == render_report(read_jsonl([fixture("kernel")]))
+    assert result.stdout == ""
+
+
+def test_compare_mode(tmp_path):
+    result = runner.invoke(app, ["report", "--compare", fixture("compare_a"), fixture("compare_b")])
+    assert result.exit_code == 0, result.output
+    expected = render_comparison(read_jsonl([fixture("compare_a")]), read_jsonl([fixture("compare_b")]),
+                                 title="Locks results: compare_a.jsonl → compare_b.jsonl")
+    assert result.stdout == expected
+
+
+def test_missing_file_is_a_one_line_error():
+    result = runner.invoke(app, ["report", "no/such/results.jsonl"])
+    assert result.exit_code == 2
+    assert "error: results file no/such/results.jsonl does not exist" in stderr_text(result)
+    assert "hint: pass the JSONL written by `locks bench`" in stderr_text(result)
+    assert "Traceback" not in result.output
+
+
+def test_no_known_schema_names_the_fix():
+    result = runner.invoke(app, ["report", fixture("unknown")])
+    assert result.exit_code == 2
+    assert "no record of a known schema (found: locks.bench.prefill/0)" in stderr_text(result)
+    assert "hint: pass JSONL written by `locks bench` or `locks eval`" in stderr_text(result)
+
+
+def test_results_and_compare_together_are_rejected():
+    result = runner.invoke(app, ["report", fixture("decode"), "--compare", fixture("compare_a"), fixture("compare_b")])
+    assert result.exit_code == 2
+    assert "either RESULTS or --compare" in stderr_text(result)
+
+
+def test_plots_are_png_files(tmp_path):
+    result = runner.invoke(app, ["report", fixture("decode"), fixture("eval"), "--plots", str(tmp_path / "plots")])
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    assert names == ["quality_vs_budget.png", "speedup_vs_context.png", "tpot_vs_context.png"]
+    for path in (tmp_path / "plots").iterdir():
+        data = path.read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 1000
+
+
+def test_plots_only_for_what_the_records_hold(tmp_path):
+    assert plot_report(read_jsonl([fixture("kernel")]), tmp_path) == []
+
+
+def test_missing_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    result = runner.invoke(app, ["report", fixture("decode"), "--plots", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "pip install 'locks-toolkit[plots]'" in stderr_text(result)
+
+
+@pytest.mark.parametrize("args", [["report"], ["report", "--help"]])
+def test_help_names_the_options(args):
+    result = runner.invoke(app, args)
+    assert "--compare" in result.output and "--plots" in result.output
