@@ -3,7 +3,7 @@
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test
+.PHONY: venv demo test wheel
 venv:
 	bash .ci/install-venv.sh $(VENV)
 
@@ -13,3 +13,11 @@ demo: venv
 # TRITON_INTERPRET=1 runs the Triton kernels on the CPU (no GPU here or in CI).
 test: venv
 	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# A wheel for machines without the checkout (the H200): it carries the commit in build_info.json so
+# records made there still name the code that made them.
+wheel: venv
+	rm -rf .gpu/wheel build
+	$(VENV)/bin/python -c "import json, subprocess as s; c = s.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip(); d = bool(s.run(['git', 'status', '--porcelain', '--untracked-files=no'], capture_output=True, text=True).stdout.strip()); json.dump({'commit': c, 'dirty': d}, open('harness/build_info.json', 'w'))"
+	$(VENV)/bin/python -m pip wheel -q --no-deps -w .gpu/wheel .
+	rm -f harness/build_info.json

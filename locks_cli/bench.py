@@ -2,6 +2,186 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from .errors import fail
 
 app = typer.Typer(help="Speed: matched-pair engine sessions and kernel profiles.", no_args_is_help=True)
+_stderr = Console(stderr=True)
+
+
+def _finished_table(records: list[dict]) -> Table:
+    table = Table(title="finished cells", title_justify="left", expand=False)
+    for name in ("arm", "context", "batch", "status", "TPOT ms", "sd/mean", "guards"):
+        table.add_column(name)
+    for record in records[-30:]:
+        cell, tpot = record["cell"], record.get("tpot_ms") or {}
+        guards = record.get("guards") or {}
+        arm = cell["arm"] if cell.get("budget_tokens") is None else f"{cell['arm']} b={cell['budget_tokens']}"
+        ok = record["status"] == "ok"
+        table.add_row(
+            arm, str(cell["context_tokens"]), str(cell["batch_size"]),
+            record["status"] if ok else f"{record['status']}: {str(record.get('reason'))[:60]}",
+            f"{tpot['mean']:.3f} ± {tpot['sd']:.3f}" if ok else "—",
+            f"{100 * tpot['cv']:.1f}%" if ok and tpot.get("cv") is not None else "—",
+            f"{guards.get('clean_windows', 0)}/{guards.get('windows', 0)} clean, throttle {guards.get('throttle', '—')}"
+            if guards else "—",
+        )
+    return table
+
+
+@app.command("decode")
+def decode(
+    plan_file: Optional[Path] = typer.Argument(None, help="YAML plan (default: the packaged default plan)."),
+    model: Optional[str] = typer.Option(None, help="Preset (glm-4-9b-chat-1m, llama-3.1-8b, qwen3-4b, tiny-llama) or model dir."),
+    arms: Optional[str] = typer.Option(None, help="Comma-separated arms: fa3, flashinfer, locks, locks-kv (peer), cpu, locks-cpu."),
+    contexts: Optional[str] = typer.Option(None, help="Comma-separated contexts, e.g. 16k,32k,128k."),
+    batch: Optional[str] = typer.Option(None, help="Comma-separated batch sizes, e.g. 1,4,16."),
+    budget: Optional[str] = typer.Option(None, help="Comma-separated token budgets of sparse arms (multiples of 16)."),
+    layers: Optional[int] = typer.Option(None, help="Override the preset's layer count."),
+    windows: Optional[int] = typer.Option(None, help="Timed windows per cell (protocol: 3)."),
+    steps: Optional[int] = typer.Option(None, help="Decode steps per window (protocol: 64)."),
+    ttft_repeats: Optional[int] = typer.Option(None, help="Steady TTFT repeats (protocol: >= 3)."),
+    graph_mode: Optional[str] = typer.Option(None, help="full_decode_only | eager | compile."),
+    max_model_len: Optional[str] = typer.Option(None, help="Engine max_model_len (default: longest context + decode room)."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-mem", help="vLLM gpu_memory_utilization."),
+    summary_format: Optional[str] = typer.Option(None, "--format", help="Locks summary format, e.g. r8i4."),
+    seed: Optional[int] = typer.Option(None, help="Prompt and engine seed."),
+    require_nvml: Optional[bool] = typer.Option(None, "--require-nvml/--allow-no-nvml", help="Refuse cells without NVML."),
+    isolation: Optional[str] = typer.Option(None, help="process (one engine process per arm/context) or inline."),
+    peer_config: Optional[str] = typer.Option(None, help="LOCKS_CONFIG value for the locks-kv peer arm."),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSONL result file (appended; reruns resume)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the cells (and which are already stored); run nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print this run's records as a JSON array instead of markdown."),
+) -> None:
+    """Matched-pair decode ladder: TPOT, TTFT, bytes/step with lockstep, throttle and deployed-path guards."""
+    from ..harness.plan import load_plan
+    from ..kernels.config import ConfigError
+
+    overrides = {
+        "model": model, "arms": arms, "contexts": contexts, "batch_sizes": batch, "budgets": budget,
+        "num_layers": layers, "windows": windows, "steps_per_window": steps, "ttft_repeats": ttft_repeats,
+        "graph_mode": graph_mode, "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization,
+        "summary_format": summary_format, "seed": seed, "require_nvml": require_nvml, "isolation": isolation,
+        "peer_config": peer_config, "output": str(out) if out is not None else None,
+    }
+    try:
+        plan = load_plan(plan_file, overrides)
+    except (ConfigError, ValueError) as exc:
+        raise fail(str(exc), "see `locks bench decode --help` for the knobs and their formats") from None
+    if dry_run:
+        _dry_run(plan, as_json)
+        return
+    _run(plan, as_json)
+
+
+def _dry_run(plan, as_json: bool) -> None:
+    from ..harness.arms import get_arm
+    from ..harness.presets import load_preset_config, preset_names, read_model_dir_config
+    from ..harness.runner import cell_identity
+    from ..harness.store import cell_key, finished_keys, read_records
+
+    is_preset = plan.model in preset_names()
+    config = load_preset_config(plan.model) if is_preset else read_model_dir_config(plan.model)
+    layers = plan.num_layers or config["num_hidden_layers"]
+    done = finished_keys(read_records(plan.output))
+    cells = []
+    for context in plan.contexts:
+        for arm in plan.arms:
+            for budget in plan.budgets if get_arm(arm).sparse else (None,):
+                for size in sorted(plan.batch_sizes):
+                    cell = cell_identity(plan, arm, context, size, budget, layers, is_preset)
+                    cells.append({**cell, "stored": cell_key(cell) in done})
+    if as_json:
+        typer.echo(json.dumps({"max_model_len": plan.effective_max_model_len, "cells": cells}, indent=1))
+        return
+    typer.echo(f"max_model_len {plan.effective_max_model_len}; output {plan.output}")
+    for cell in cells:
+        mark = "stored" if cell["stored"] else "todo"
+        typer.echo(f"{mark:6} {cell['arm']:10} {cell['workload']:>12} budget={cell['budget_tokens']}")
+
+
+def _run(plan, as_json: bool) -> None:
+    from ..harness.runner import HarnessError, preflight, run_plan
+    from ..harness.provenance import reproduce_command
+    from ..harness.store import cell_key, read_records
+    from ..kernels.config import ConfigError
+    from ..reports.decode_table import decode_table
+
+    try:
+        preflight(plan)  # before the live table, so a setup error is one clean line
+    except HarnessError as exc:
+        raise fail(str(exc), exc.hint) from None
+    finished: list[dict] = []
+    skipped: list[dict] = []
+    with Live(_finished_table(finished), console=_stderr, refresh_per_second=2, transient=False) as live:
+
+        def on_event(kind: str, payload: dict) -> None:
+            if kind == "record":
+                finished.append(payload)
+                live.update(_finished_table(finished))
+            elif kind == "skipped":
+                skipped.append(payload)
+            elif kind == "job":
+                budget = "" if payload["budget"] is None else f" budget {payload['budget']}"
+                live.console.print(f"[cyan]engine[/] {payload['arm']} @ {payload['context']} tokens{budget}, "
+                                   f"batches {payload['batches']}")
+
+        try:
+            run_plan(plan, command=reproduce_command(), on_event=on_event)
+        except HarnessError as exc:
+            raise fail(str(exc), exc.hint) from None
+        except ConfigError as exc:
+            raise fail(str(exc)) from None
+    if skipped:
+        _stderr.print(f"resumed: {len(skipped)} cell(s) already stored in {plan.output} were skipped")
+    wanted = {cell_key(r["cell"]) for r in finished} | {cell_key(c) for c in skipped}
+    records = [r for r in read_records(plan.output) if cell_key(r.get("cell", {})) in wanted]
+    if as_json:
+        typer.echo(json.dumps(records, allow_nan=False, default=str))
+    else:
+        typer.echo(decode_table(records), nl=False)
+    errors = [r for r in finished if r["status"] == "error"]
+    if errors:
+        _stderr.print(f"[bold red]error:[/] {len(errors)} cell(s) failed; first: {errors[0].get('reason')}")
+        _stderr.print("[yellow]hint:[/] rerun the same command to retry them (finished cells are kept)")
+        raise typer.Exit(1)
+
+
+@app.command("kernel")
+def kernel(
+    preset: str = typer.Option("glm4-9b-1m", help="Geometry: glm4-9b-1m, llama-3.1-8b, qwen3-4b, gemma-3-4b, gemma-3-27b."),
+    contexts: str = typer.Option("16k,32k,128k,1m", help="Comma-separated contexts, e.g. 32k,128k,1m."),
+    batch: str = typer.Option("1,8", help="Comma-separated batch sizes, e.g. 1,8,32."),
+    budget: int = typer.Option(2048, help="Token budget b per (layer, KV head); k = b / 16 pages."),
+    summary_format: str = typer.Option("r8i4", "--format", help="Summary format, e.g. r8i4, r8i8, r4i4."),
+    combine: str = typer.Option("share_average", help="GQA combine: share_average, group_max, group_mass."),
+    replays: int = typer.Option(20, help="Timed CUDA-graph replays per stage."),
+    seed: Optional[int] = typer.Option(None, help="Seed of the correctness check and the random data."),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSONL file the records are appended to."),
+    as_json: bool = typer.Option(False, "--json", help="Print the records as a JSON array instead of markdown."),
+) -> None:
+    """Kernel profile per layer: build, score, select, sparse decode, Locks step and dense baselines vs the byte floor."""
+    from ..harness.kernel_bench import KernelBenchConfig, markdown_table, run_kernel_bench
+    from ..harness.provenance import reproduce_command
+    from ..harness.store import append_record
+    from ..harness.workload import parse_size_list
+    from ..kernels.config import ConfigError
+
+    try:
+        cfg = KernelBenchConfig(preset=preset, contexts=parse_size_list(contexts), batch_sizes=parse_size_list(batch),
+                                budget_tokens=budget, summary_format=summary_format, combine=combine, replays=replays,
+                                seed=seed)
+        records = run_kernel_bench(cfg, reproduce_command(), sink=(lambda r: append_record(out, r)) if out else None)
+    except ConfigError as exc:
+        raise fail(str(exc), "see `locks bench kernel --help`") from None
+    typer.echo(json.dumps(records, allow_nan=False, default=str) if as_json else markdown_table(records))
+    if any(r["status"] == "error" for r in records):
+        raise typer.Exit(1)

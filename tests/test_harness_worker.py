@@ -1,0 +1,181 @@
+"""The engine-job protocol with a scripted engine: OOM frontier, deployed-path refusal, failures.
+
+The real engine is exercised in test_harness_session.py; here a stand-in session lets the GPU-only
+paths (a sparse arm's counters, KV limits, CUDA OOM) run on the CPU with inputs that make them fire.
+"""
+
+import sys
+import types
+
+import pytest
+
+from locks_toolkit.harness import nvml
+from locks_toolkit.harness import session as session_module
+from locks_toolkit.harness.arms import ARMS, Arm
+from locks_toolkit.harness.plan import load_plan
+from locks_toolkit.harness.presets import ModelGeometry, load_preset_config
+from locks_toolkit.harness.session import DecodeLog, EngineStall, PrefillLog
+from locks_toolkit.harness.worker import EngineJob, run_job
+
+COUNTS = {"sparse_decode_rows": 0, "dense_fallback_rows": 0, "stock_decode_rows": 0, "summaries_built": 0}
+
+
+class ScriptedSession:
+    """Stands in for EngineSession: every request emits one token per step unless scripted otherwise."""
+
+    num_kv_blocks = 100_000
+    fallback_at_step: int | None = None  # global decode step at which the sparse arm falls back
+    shrink_at_step: int | None = None
+    boot_error: Exception | None = None
+    measure_error: Exception | None = None
+
+    def __init__(self, plan, arm, model_dir, dummy, knobs, vocab_size):
+        if self.boot_error is not None:
+            raise self.boot_error
+        self.plan, self.boot_s, self.block_size, self.engine_kwargs = plan, 0.01, 16, {"model": model_dir}
+        self.steps = 0
+        self.live: list[str] = []
+
+    def backend_in_use(self):
+        return "SCRIPTED"
+
+    def blocks_needed(self, batch, context):
+        return batch * -(-(context + self.plan.decode_tokens_per_request) // self.block_size)
+
+    def prefill(self, batch, context, tag):
+        if tag == "measure" and self.measure_error is not None:
+            raise self.measure_error
+        self.live = [f"{tag}-{i}" for i in range(batch)]
+        return PrefillLog(list(self.live), ttft_ms=10.0 + (5.0 if tag == "ttft-first" else 0.0), step_ms=[10.0])
+
+    def decode(self, request_ids, steps, on_step=None):
+        log = DecodeLog()
+        for index in range(steps):
+            self.steps += 1
+            running = len(request_ids) - (1 if self.shrink_at_step and self.steps >= self.shrink_at_step else 0)
+            fallback = self.fallback_at_step is not None and self.steps >= self.fallback_at_step
+            COUNTS["dense_fallback_rows" if fallback else "sparse_decode_rows"] += running
+            log.step_ms.append(2.0 + 0.01 * (index % 3))
+            log.step_tokens.append(running)
+            log.step_requests.append(running)
+            if on_step is not None and on_step(index):
+                break
+        return log
+
+    def abort(self, request_ids):
+        self.live = []
+
+
+@pytest.fixture
+def scripted(monkeypatch):
+    for key in COUNTS:
+        COUNTS[key] = 0
+    fake_counters = types.ModuleType("fake_locks_counters")
+    fake_counters.snapshot = lambda: dict(COUNTS)
+    monkeypatch.setitem(sys.modules, "fake_locks_counters", fake_counters)
+    monkeypatch.setitem(ARMS, "fake-locks", Arm("fake-locks", "CUSTOM", device="cpu", sparse=True,
+                                                counters="fake_locks_counters:snapshot"))
+    monkeypatch.setattr(session_module, "EngineSession", ScriptedSession)
+    monkeypatch.setattr(nvml, "sample", lambda: None)  # as on a machine without NVML, GPU or not
+    monkeypatch.setattr(nvml, "gpu_info", lambda: None)
+    for name in ("fallback_at_step", "shrink_at_step", "boot_error", "measure_error"):
+        monkeypatch.setattr(ScriptedSession, name, None)
+    return ScriptedSession
+
+
+def _job(arm, batches, budget=None, context=4096):
+    plan = load_plan(None, {"model": "glm-4-9b-chat-1m", "arms": "cpu", "contexts": context, "batch_sizes": batches,
+                            "windows": 3, "steps_per_window": 8, "ramp_min_steps": 2, "ramp_max_steps": 4,
+                            "ttft_repeats": 3})
+    geometry = ModelGeometry.from_config(load_preset_config("glm-4-9b-chat-1m"))
+    return EngineJob(plan, arm, context, budget, tuple(batches), "/nowhere", True, geometry, 151552, True)
+
+
+def _run(job):
+    messages = []
+    run_job(job, messages.append)
+    return messages
+
+
+def test_dense_cells_and_the_oom_frontier(scripted, monkeypatch):
+    # 4096 prompt + 28 decode tokens (max(ramp 4, settle 2 + 3 x 8) + 2) = 258 blocks per request
+    monkeypatch.setattr(scripted, "num_kv_blocks", 3 * 258)
+    messages = _run(_job("cpu", [1, 2, 4, 8]))
+    assert [m["type"] for m in messages] == ["engine", "cell", "cell", "cell", "cell", "done"]
+    cells = {m["batch"]: m for m in messages if m["type"] == "cell"}
+    assert cells[1]["status"] == "ok" and cells[2]["status"] == "ok"
+    assert cells[4]["status"] == "oom" and cells[4]["reason"] == "needs 1032 KV blocks, the engine has 774"
+    assert cells[8]["status"] == "oom" and "frontier" in cells[8]["reason"]
+    assert cells[1]["tpot_ms"]["n"] == 24 and cells[1]["ttft_ms"]["n"] == 3
+    assert cells[2]["ttft_ms"] is None and cells[1]["build_ms"] is None  # dense arm: no summary build
+    assert cells[1]["path_check"] == {"required": False, "ok": True, "status": "not_applicable", "counters": None}
+    assert messages[0]["info"]["backend_in_use"] == "SCRIPTED"
+
+
+def test_sparse_arm_verified_by_its_counters(scripted):
+    (engine, cell, done) = _run(_job("fake-locks", [2], budget=2048, context=131072))
+    assert cell["status"] == "ok", cell["reason"]
+    assert cell["path_check"]["ok"] and cell["path_check"]["counters"]["sparse_decode_rows"] == 2 * 3 * 8
+    assert cell["bytes_per_step"]["locks"] < cell["bytes_per_step"]["dense"] / 5
+    assert cell["build_ms"] == pytest.approx(5.0)  # first prefill after decode minus the steady mean
+
+
+def test_dense_fallback_in_a_timed_window_refuses_the_cell(scripted, monkeypatch):
+    # ramp 2 steps (no NVML), settle 2, windows of 8: step 2 + 2 + 8 + 3 lies in window 1.
+    monkeypatch.setattr(scripted, "fallback_at_step", 2 + 2 + 8 + 3)
+    (engine, cell, done) = _run(_job("fake-locks", [1], budget=2048, context=131072))
+    assert cell["status"] == "refused"
+    assert cell["reason"].startswith("deployed path, window 1:") and "dense fallback rows" in cell["reason"]
+    assert cell["path_check"]["ok"] is False
+
+
+def test_a_window_that_loses_a_request_is_discarded(scripted, monkeypatch):
+    # ramp stops at ramp_min_steps = 2 without NVML, then settle 2; window 2 starts at step 21
+    monkeypatch.setattr(scripted, "shrink_at_step", 2 + 2 + 2 * 8 + 1)
+    (engine, cell, done) = _run(_job("cpu", [4]))
+    assert cell["status"] == "ok" and cell["reason"] == "1 of 3 windows discarded"
+    assert [w["clean"] for w in cell["windows"]] == [True, True, False]
+    assert cell["windows"][2]["discard_reason"].startswith("lockstep: step 0 emitted 3 tokens from 3 of 4")
+    assert cell["tpot_ms"]["n"] == 16  # statistics come from the clean windows only
+
+
+def test_shrinking_every_window_refuses_the_cell(scripted, monkeypatch):
+    monkeypatch.setattr(scripted, "shrink_at_step", 1)
+    (engine, cell, done) = _run(_job("cpu", [4]))
+    assert cell["status"] == "refused" and cell["reason"].startswith("no clean window")
+
+
+@pytest.mark.parametrize("error,status", [
+    (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+    (ValueError("To serve at least one request ... KV cache is needed, which is larger than the available KV cache memory"), "oom"),
+    (RuntimeError("FlashInfer JIT failed"), "error"),
+])
+def test_boot_failures(scripted, monkeypatch, error, status):
+    monkeypatch.setattr(scripted, "boot_error", error)
+    (fatal,) = _run(_job("cpu", [1, 2]))
+    assert fatal["type"] == "fatal" and fatal["status"] == status and "engine boot failed" in fatal["reason"]
+
+
+def test_measurement_failures(scripted, monkeypatch):
+    monkeypatch.setattr(scripted, "measure_error", EngineStall("2 of 4 requests got no first token"))
+    messages = _run(_job("cpu", [4, 8]))
+    assert [(m.get("batch"), m.get("status")) for m in messages[1:]] == [(4, "oom"), (8, "oom"), (None, None)]
+    monkeypatch.setattr(scripted, "measure_error", RuntimeError("illegal memory access"))
+    messages = _run(_job("cpu", [4, 8]))
+    assert [m["type"] for m in messages] == ["engine", "cell"]  # no "done": the engine state is unknown
+    assert messages[1]["status"] == "error" and "illegal memory access" in messages[1]["reason"]
+
+
+def test_a_silent_engine_process_is_killed_and_its_cells_become_errors():
+    from locks_toolkit.harness import runner
+
+    job = _job("cpu", [1, 2])
+    job = EngineJob(load_plan(None, {"arms": "cpu", "contexts": 4096, "batch_sizes": "1,2",
+                                     "silence_timeout_s": 0.5, "ramp_max_steps": 4, "ramp_min_steps": 2}),
+                    *[getattr(job, f) for f in ("arm", "context", "budget", "batch_sizes", "model_dir",
+                                                "dummy_weights", "geometry", "vocab_size", "measure_ttft")])
+    written = []
+    runner._run_job(job, {1: {"batch_size": 1}, 2: {"batch_size": 2}},
+                    lambda cell, status, reason, engine, measurement: written.append((cell, status, reason)))
+    assert [(cell["batch_size"], status) for cell, status, _ in written] == [(1, "error"), (2, "error")]
+    assert "(hung?) and was killed" in written[0][2] and written[0][2] == written[1][2]
