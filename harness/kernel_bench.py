@@ -5,7 +5,7 @@ also extrapolated to every layer), score, select, sparse decode, the whole Locks
 select + decode), and the dense baselines that are importable (vLLM FA3 through
 `flash_attn_varlen_func`, FlashInfer's paged decode wrapper; torch SDPA over pre-gathered KV when
 neither is; our own kernel attending every page, always). Steps are captured in CUDA graphs and
-timed with CUDA events over a rotation of layer copies large enough to defeat the 50 MB L2 (a real
+timed with CUDA events over a rotation of layer copies large enough to defeat the 60 MB L2 (a real
 model sweeps 40 layers' data). Each stage carries its bytes moved, the byte floor
 (bytes / 4.23 TB/s, measured copy bandwidth of the H200) and the fraction of the floor achieved.
 The kernels' correctness check runs on the GPU first; a red check records `status: error` and
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA = "locks.bench.kernel/1"
 HBM_BYTES_PER_S = 4.23e12  # H200 measured copy bandwidth (read + write)
-L2_BYTES = 50 * 2**20
+L2_BYTES = 60 * 2**20  # H200 L2 as PyTorch reports it
 ALIASES = {"glm4-9b-1m": "glm-4-9b-chat-1m", "glm-4-9b-1m": "glm-4-9b-chat-1m", "llama3.1-8b": "llama-3.1-8b"}
 
 
@@ -353,6 +353,9 @@ def run_kernel_bench(cfg: KernelBenchConfig, command: str, sink=None) -> list[di
                 except torch.cuda.OutOfMemoryError as exc:
                     record.update(status="oom", reason=str(exc).splitlines()[0])
                     torch.cuda.empty_cache()
+                except Exception as exc:  # noqa: BLE001 - record the failure, keep the other cells
+                    log.exception("cell %s failed", cell["workload"])
+                    record.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:300]}")
             records.append(record)
             if sink is not None:
                 sink(record)
@@ -388,3 +391,44 @@ def markdown_table(records: list[dict]) -> str:
         lines.append("correctness check FAILED (no speedups reported): " + "; ".join(
             f"{c['name']} seed {c['seed']}: {', '.join(c['problems'][:2])}" for c in failed))
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m locks_toolkit.harness.kernel_bench` for machines without typer/rich (plain torch + triton)."""
+    import argparse
+    import json
+    import sys
+
+    from .provenance import reproduce_command
+    from .store import append_record
+    from .workload import parse_size_list
+
+    parser = argparse.ArgumentParser(description="Locks kernel profile per layer (same as `locks bench kernel`).")
+    parser.add_argument("--preset", default="glm4-9b-1m")
+    parser.add_argument("--contexts", default="16k,32k,128k,1m")
+    parser.add_argument("--batch", default="1,8")
+    parser.add_argument("--budget", type=int, default=2048)
+    parser.add_argument("--format", dest="summary_format", default="r8i4")
+    parser.add_argument("--combine", default="share_average")
+    parser.add_argument("--replays", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        cfg = KernelBenchConfig(preset=args.preset, contexts=parse_size_list(args.contexts),
+                                batch_sizes=parse_size_list(args.batch), budget_tokens=args.budget,
+                                summary_format=args.summary_format, combine=args.combine, replays=args.replays,
+                                seed=args.seed)
+        sink = (lambda record: append_record(args.out, record)) if args.out else None
+        records = run_kernel_bench(cfg, reproduce_command(), sink=sink)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(records, allow_nan=False, default=str) if args.json else markdown_table(records))
+    return 1 if any(r["status"] == "error" for r in records) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,85 @@
+"""Ahead-of-time compile of every kernel for sm_90 (H100/H200) without a GPU: catches GPU-only
+lowering errors and register spills on a CPU machine, where the tests run the interpreter.
+
+`python -m locks_toolkit.kernels.triton.aot` prints registers / spill bytes per kernel (it must
+run WITHOUT TRITON_INTERPRET=1). The constexprs mirror the production launches in `ops.py`
+(GLM-4-9B geometry: G=8, d=128, r8i4, k=128; bf16).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+from ..config import PAGE_SIZE, SummaryFormat
+from ..reference.packing import SummaryLayout
+from . import build as _build
+from . import decode as _decode
+from . import score_select as _ss
+from ._common import FP32_EPS, RowConstants
+
+SM90 = GPUTarget("cuda", 90, 32)
+
+
+def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: int = 128) -> list[tuple]:
+    rc = RowConstants.of(SummaryLayout(SummaryFormat.parse(fmt), head_dim))
+    rows = {"rows_u8": "*u8", "rows_i8": "*i8", "rows_f16": "*fp16"}
+    gs = 1 << max(0, group - 1).bit_length()
+    g_dot = gs
+    return [
+        (_build._build_kernel, {"k_ptr": "*bf16", "block_ids_ptr": "*i32", **rows},
+         dict(D=head_dim, DH_PAD=head_dim // 2, B=PAGE_SIZE, R=rc.rank, BITS=rc.basis_bits, COEF_OFF=rc.coef_offset,
+              BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset, USED=rc.used_bytes,
+              MAX_SWEEPS_C=_build.MAX_SWEEPS, EPS=FP32_EPS), 4),
+        (_ss._score_kernel, {"q_ptr": "*bf16", **rows, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
+                             "scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "scale": "fp32"},
+         dict(G=group, G_DOT=g_dot, GS=gs, MAXC=_ss.MAX_CHUNKS, D=head_dim, D_PAD=head_dim, B=PAGE_SIZE, R=rc.rank,
+              BITS=rc.basis_bits, COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
+              P=_ss.P_TILE, RP=1 << max(0, rc.rank - 1).bit_length(), FP32=rc.basis_bits == 16), (_ss.SCORE_WARPS, _ss.SCORE_MAXNREG)),
+        (_ss._keys_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "keys_ptr": "*i32",
+                            "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},
+         dict(G=group, GS=gs, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=0, BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS,
+              LOW_BITS=_ss.LOW_BITS), _ss.KEYS_WARPS),
+        (_ss._select_kernel, {"keys_ptr": "*i32", "hist_ptr": "*i32", "cand_low_ptr": "*i32", "cand_page_ptr": "*i32",
+                              "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
+         dict(B=PAGE_SIZE, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS, SCAN=_ss.SELECT_SCAN,
+              K_PAD=1 << max(0, page_budget - 1).bit_length()), _ss.SELECT_WARPS),
+        (_decode._sparse_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
+                                         "seq_lens_ptr": "*i32", "sel_ptr": "*i32", "part_out_ptr": "*fp32",
+                                         "part_lse_ptr": "*fp32", "scale": "fp32"},
+         dict(G=group, G_DOT=g_dot, D=head_dim, D_PAD=head_dim, B=PAGE_SIZE, PPI=_decode.PAGES_PER_ITER, FP32=False), 4),
+        (_decode._merge_kernel, {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"},
+         dict(D=head_dim, D_PAD=head_dim, SPLIT_PAD=_decode.MAX_SPLITS), 4),
+    ]
+
+
+def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int]]:
+    """Compile each kernel for `target`; returns {kernel: {"registers", "stack_bytes", "shared_bytes"}}."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("unset TRITON_INTERPRET to compile for the GPU (the interpreter replaces @triton.jit)")
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    usage = {}
+    for fn, pointer_types, constexprs, warps in _specs(**geometry):
+        signature = {name: "constexpr" if name in constexprs else pointer_types.get(name, "i32") for name in fn.arg_names}
+        warps, maxnreg = warps if isinstance(warps, tuple) else (warps, None)
+        options = {"num_warps": warps} if maxnreg is None else {"num_warps": warps, "maxnreg": maxnreg}
+        kernel = triton.compile(triton.compiler.ASTSource(fn, signature, constexprs), target=target, options=options)
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(kernel.asm["cubin"])
+            cubin.flush()
+            text = subprocess.run([cuobjdump, "--dump-resource-usage", cubin.name], capture_output=True, text=True,
+                                  check=True).stdout
+        found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", text)
+        usage[fn.__name__] = {"registers": int(found[1]), "stack_bytes": int(found[2]),
+                              "shared_bytes": kernel.metadata.shared}
+    return usage
+
+
+if __name__ == "__main__":
+    for name, facts in compile_all().items():
+        print(f"{name:24s} {facts}")

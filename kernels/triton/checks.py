@@ -1,0 +1,325 @@
+"""Kernel-vs-reference comparisons on fresh random inputs, shared by the tests and the kernel bench.
+
+Each check builds one small random case on a device, runs a kernel on poisoned outputs and
+compares every output with the float64/fp32 torch reference; it returns a `CheckResult` whose
+`problems` list is empty when the kernel is right. The tests assert on it (printing the seed),
+and `locks bench kernel` runs a few on the GPU before timing anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import PAGE_SIZE, SummaryFormat
+from ..reference.attention import paged_decode_reference
+from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
+from ..reference.score import summary_page_scores
+from ..reference.select import combine_group, select_pages
+from ..reference.summary import build_page_summaries, reconstruct_keys
+from ..reference.testing import gaussian_keys, generator, low_rank_keys
+from . import ops
+
+logger = logging.getLogger(__name__)
+
+POISON_BYTE = 0xAB
+
+
+@dataclass
+class CheckResult:
+    """Outcome of one comparison: `problems` names each mismatch (empty = pass)."""
+
+    name: str
+    seed: int
+    problems: list[str] = field(default_factory=list)
+    max_error: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def expect(self, condition: bool, message: str) -> None:
+        if not condition:
+            self.problems.append(message)
+
+    def __str__(self) -> str:
+        status = "ok" if self.ok else "FAIL: " + "; ".join(self.problems[:4])
+        return f"{self.name} (seed {self.seed}, max error {self.max_error:.3g}): {status}"
+
+
+def _scatter_pages(gen: torch.Generator, num_pages: list[int], extra_blocks: int = 3) -> tuple[torch.Tensor, int]:
+    """Random physical blocks for each sequence's pages -> (block_table int32 [S, maxP] (-1 past the end), NB)."""
+    max_pages = max(num_pages)
+    num_blocks = sum(num_pages) + extra_blocks
+    order = torch.randperm(num_blocks, generator=gen)
+    table = torch.full((len(num_pages), max_pages), -1, dtype=torch.int32)
+    used = 0
+    for s, n in enumerate(num_pages):
+        table[s, :n] = order[used : used + n].to(torch.int32)
+        used += n
+    return table, num_blocks
+
+
+def check_build(device: str, fmt: str, head_dim: int, dtype: torch.dtype, seed: int, low_rank: int | None = None,
+                num_kv_heads: int = 2, num_pages: int = 3) -> CheckResult:
+    """build_summaries on scattered blocks (one id -1) vs build_page_summaries + pack_summaries."""
+    res = CheckResult(f"build {fmt} d={head_dim} {str(dtype)[6:]}" + (f" rank{low_rank}" if low_rank else ""), seed)
+    gen = generator(seed)
+    layout = SummaryLayout(SummaryFormat.parse(fmt), head_dim)
+    shape = (num_kv_heads, num_pages, PAGE_SIZE, head_dim)
+    keys = low_rank_keys(gen, shape, low_rank) if low_rank else gaussian_keys(gen, shape)
+    keys = keys.to(dtype)
+    num_blocks = num_pages + 2
+    blocks = torch.randperm(num_blocks, generator=gen)[:num_pages]
+    k_cache = (torch.randn((num_blocks, PAGE_SIZE, num_kv_heads, head_dim), generator=gen) * 100).to(dtype)
+    k_cache[blocks] = keys.permute(1, 2, 0, 3)
+    ids = torch.cat((blocks[:1], torch.tensor([-1]), blocks[1:])).to(torch.int32)
+    rows = torch.full((num_blocks, num_kv_heads, layout.row_bytes), POISON_BYTE, dtype=torch.uint8)
+    ops.build_summaries(k_cache.to(device), ids.to(device), (rows_dev := rows.to(device)), layout)
+    rows = rows_dev.cpu()
+    mine_rows = rows[blocks].transpose(0, 1)  # [Hkv, P, row_bytes]
+    untouched = torch.ones(num_blocks, dtype=torch.bool)
+    untouched[blocks] = False
+    res.expect(bool((rows[untouched] == POISON_BYTE).all()), "rows of blocks not in block_ids were written")
+
+    ref = build_page_summaries(keys.to(torch.float32), layout.rank)
+    ref_rows = pack_summaries(ref, layout.fmt)
+    mine = unpack_summaries(mine_rows, layout)
+    ref_q = unpack_summaries(ref_rows, layout)
+    # Bit layout: the packed row is a fixed point of the reference quantizer (scales, nibbles, padding).
+    res.expect(torch.equal(pack_summaries(mine, layout.fmt), mine_rows), "packed rows are not what the reference packer writes")
+    res.expect(bool(torch.isfinite(mine.basis).all() and torch.isfinite(mine.coefficients).all()), "non-finite summary values")
+    # The centroid is computed the same way: its bytes agree up to one rounding step.
+    mu_mine, mu_ref = mine.centroid, ref_q.centroid
+    mu_step = ref_q.centroid.abs().amax(-1, keepdim=True) / (127 if layout.fmt.quantized else 2048)
+    res.expect(bool(((mu_mine - mu_ref).abs() <= 1.01 * mu_step + 1e-6).all()), "centroid differs from the reference")
+    # Reconstructions (eigenvectors may differ by rotation in degenerate eigenspaces).
+    true_keys = keys.to(torch.float32)
+    recon_mine, recon_ref = reconstruct_keys(mine), reconstruct_keys(ref_q)
+    ref_err = (recon_ref - true_keys).flatten(-2).norm(dim=-1)  # [Hkv, P]
+    quant_err = (recon_ref - reconstruct_keys(ref)).flatten(-2).norm(dim=-1)
+    diff = (recon_mine - recon_ref).flatten(-2).norm(dim=-1)
+    scale = true_keys.flatten(-2).norm(dim=-1)
+    tol = 3 * quant_err + 2e-3 * scale
+    res.max_error = float((diff / scale).max())
+    res.expect(bool((diff <= tol).all()), f"reconstruction differs from the reference by {float((diff - tol).max()):.3g} over tol")
+    res.expect(bool(((recon_mine - true_keys).flatten(-2).norm(dim=-1) <= ref_err + tol).all()), "reconstruction error exceeds the reference's")
+    if low_rank is not None and low_rank <= layout.rank:
+        # r >= rank(D): exact up to the storage precision, and only rank(D) modes are kept.
+        rel = (recon_mine - true_keys).flatten(-2).norm(dim=-1) / scale
+        res.expect(bool((rel <= (2e-3 if not layout.fmt.quantized else 0.1)).all()), f"r >= rank but reconstruction error {float(rel.max()):.3g}")
+        res.expect(bool((mine.kept_modes().sum(-1) <= low_rank).all()), "zero modes were kept")
+    # Scores read from the rows agree with the reference's scores within its quantization error.
+    q = torch.randn((num_kv_heads, 3, head_dim), generator=gen)
+    s_mine = summary_page_scores(q, mine, head_dim**-0.5)
+    s_ref = summary_page_scores(q, ref_q, head_dim**-0.5)
+    s_exact = summary_page_scores(q, ref, head_dim**-0.5)
+    s_tol = 3 * (s_ref - s_exact).abs().amax() + 1e-3
+    res.expect(bool(((s_mine - s_ref).abs() <= s_tol).all()), f"scores from the rows differ by {float((s_mine - s_ref).abs().max()):.3g}")
+    return res
+
+
+@dataclass(frozen=True)
+class SelectCase:
+    """A score_select case: token counts per sequence, GQA group, head dim, format, budget and rule."""
+
+    seq_lens: tuple[int, ...]
+    group: int
+    head_dim: int
+    fmt: str = "r8i4"
+    page_budget: int = 6
+    combine: str = "share_average"
+    num_kv_heads: int = 2
+    identical_pages: bool = False  # every page holds the same keys: all scores tie, lower ids must win
+
+
+def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.dtype = torch.float32) -> CheckResult:
+    """score_select on reference-packed rows in scrambled blocks vs summary scores + combine + select."""
+    res = CheckResult(f"score_select {case}", seed)
+    gen = generator(seed)
+    layout = SummaryLayout(SummaryFormat.parse(case.fmt), case.head_dim)
+    num_pages = [-(-n // PAGE_SIZE) for n in case.seq_lens]
+    table, num_blocks = _scatter_pages(gen, num_pages)
+    S, Hkv, G, d, k = len(num_pages), case.num_kv_heads, case.group, case.head_dim, case.page_budget
+    max_pages = table.shape[1]
+    keys = gaussian_keys(gen, (S, Hkv, max_pages, PAGE_SIZE, d))
+    if case.identical_pages:
+        keys = keys[:, :, :1].expand_as(keys).contiguous()
+    packed = pack_summaries(build_page_summaries(keys, layout.rank), layout.fmt)  # [S, Hkv, maxP, row]
+    rows = torch.randint(0, 256, (num_blocks, Hkv, layout.row_bytes), generator=gen, dtype=torch.uint8)
+    for s, n in enumerate(num_pages):
+        full = case.seq_lens[s] // PAGE_SIZE  # the partial last page has no summary: leave garbage
+        rows[table[s, :full].long()] = packed[s, :, :full].transpose(0, 1)
+    q = torch.randn((S, Hkv * G, d), generator=gen).to(q_dtype)
+    scale = d**-0.5
+    seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32)
+    selected = torch.full((S, Hkv, k), -7, dtype=torch.int32, device=device)
+    ws = ops.score_select_workspace(S, Hkv, max_pages, device, group_size=G)
+    for buf in (ws.scores, ws.chunk_max, ws.chunk_sum):
+        buf.fill_(float("nan"))
+    for buf in (ws.keys, ws.cand_low, ws.cand_page):
+        buf.fill_(-123)
+    args = (q.to(device), rows.to(device), table.to(device), seq_lens.to(device), selected, layout, k, scale, case.combine)
+    ops.score_select(*args, workspace=ws)
+    mine = selected.cpu().long()
+    selected.fill_(-7)
+    ops.score_select(*args, workspace=ws)  # the workspace is reused as-is (its histogram left zeroed)
+    res.expect(torch.equal(selected.cpu().long(), mine), "a second call on the same workspace selected differently")
+
+    scores = summary_page_scores(q.double().reshape(S, Hkv, G, d), unpack_summaries(packed, layout), scale)
+    for s, n in enumerate(num_pages):
+        full = case.seq_lens[s] // PAGE_SIZE
+        page_mask = torch.arange(max_pages) < full
+        group_scores = combine_group(scores[s], case.combine, page_mask)  # [Hkv, maxP] fp64
+        expected = select_pages(group_scores, n, k)
+        for h in range(Hkv):
+            got, want = mine[s, h], expected[h]
+            where = f"seq {s} (len {case.seq_lens[s]}) head {h}"
+            if n <= k:
+                res.expect(torch.equal(got, want), f"{where}: dense fallback {got.tolist()} != {want.tolist()}")
+                continue
+            res.expect(bool((got[1:] > got[:-1]).all()), f"{where}: ids not strictly ascending {got.tolist()}")
+            res.expect(int(got[0]) == 0 and int(got[-1]) == n - 1, f"{where}: sink/recent missing {got.tolist()}")
+            if case.identical_pages:
+                res.expect(torch.equal(got, want), f"{where}: exact ties must go to the lower page ids: {got.tolist()}")
+            elif not torch.equal(got, want):
+                contested = group_scores[h, 1 : n - 1]
+                threshold = contested.sort(descending=True).values[k - 3]
+                tol = 1e-5 if case.combine == "group_mass" else 1e-5 * float(threshold.abs()) + 1e-12
+                ids = got.clamp(0, max_pages - 1)
+                extra = [int(p) for p in got if p not in want]
+                missing = [int(p) for p in want if p not in got]
+                bad = [p for p in extra if not (0 < p < n - 1) or group_scores[h, p] < threshold - tol]
+                bad += [p for p in missing if group_scores[h, p] > threshold + tol]
+                res.expect(not bad and ids.unique().numel() == k, f"{where}: selected {got.tolist()} != reference "
+                           f"{want.tolist()} beyond ties (pages {bad})")
+    return res
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    """A sparse decode case: token counts, GQA group, head dim, page budget (None = dense: all pages)."""
+
+    seq_lens: tuple[int, ...]
+    group: int
+    head_dim: int
+    page_budget: int | None = 5
+    num_kv_heads: int = 2
+
+
+def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = torch.bfloat16) -> CheckResult:
+    """sparse_paged_decode over random page subsets (sink, recent, -1 padding) vs paged_decode_reference."""
+    res = CheckResult(f"decode {case} {str(dtype)[6:]}", seed)
+    gen = generator(seed)
+    S, Hkv, G, d = len(case.seq_lens), case.num_kv_heads, case.group, case.head_dim
+    num_pages = [-(-n // PAGE_SIZE) for n in case.seq_lens]
+    table, num_blocks = _scatter_pages(gen, num_pages)
+    k_cache = torch.randn((num_blocks, PAGE_SIZE, Hkv, d), generator=gen).to(dtype)
+    v_cache = torch.randn((num_blocks, PAGE_SIZE, Hkv, d), generator=gen).to(dtype)
+    q = torch.randn((S, Hkv * G, d), generator=gen).to(dtype)
+    k = case.page_budget or max(num_pages)
+    selected = torch.full((S, Hkv, k), -1, dtype=torch.int32)
+    for s, n in enumerate(num_pages):
+        for h in range(Hkv):
+            if case.page_budget is None or n <= k:
+                selected[s, h, :n] = torch.arange(n)
+            else:
+                middle = (torch.randperm(n - 2, generator=gen)[: k - 2] + 1).sort().values
+                selected[s, h] = torch.cat((torch.tensor([0]), middle, torch.tensor([n - 1])))
+    seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32)
+    scale = d**-0.5
+    out = torch.full(q.shape, float("nan"), dtype=dtype, device=device)
+    ws = ops.decode_workspace(S, Hkv * G, d, device)
+    ws.partial_out.fill_(float("nan"))
+    ws.partial_lse.fill_(float("nan"))
+    ops.sparse_paged_decode(q.to(device), k_cache.to(device), v_cache.to(device), table.to(device), seq_lens.to(device),
+                            selected.to(device), scale, out, ws)
+    ref = paged_decode_reference(q.double(), k_cache.double(), v_cache.double(), table, seq_lens, scale,
+                                 None if case.page_budget is None else selected.long())
+    err = (out.cpu().double() - ref).abs()
+    atol, rtol = (1e-5, 1e-5) if dtype == torch.float32 else (2e-2, 2e-2)
+    res.max_error = float(err.nan_to_num(float("inf")).max())
+    res.expect(bool(torch.isfinite(out).all()), "output has unwritten (NaN) elements")
+    res.expect(bool((err <= atol + rtol * ref.abs()).all()), f"max |out - ref| = {res.max_error:.3g} (atol {atol})")
+    return res
+
+
+BUILD_CASES = [  # (format, head_dim, key dtype)
+    ("r8i4", 128, torch.bfloat16), ("r8i8", 64, torch.float32), ("r8fp", 64, torch.float32),
+    ("r3i4", 256, torch.bfloat16), ("r15i4", 64, torch.float16),
+]
+LOW_RANK_CASES = [("r8fp", 3), ("r4i8", 4)]  # (format, rank of the page deviations) with r >= rank
+SELECT_CASES = [
+    # odd token counts (partial last page), a sequence ending on a page boundary, dense fallback
+    SelectCase((16 * 37 + 5, 16 * 9, 16 * 4 + 1), group=4, head_dim=64),
+    SelectCase((16 * 41 + 11,), group=1, head_dim=128, fmt="r8i8"),
+    SelectCase((16 * 23, 16 * 30 + 15), group=7, head_dim=64, fmt="r4fp", combine="group_max"),
+    SelectCase((16 * 19 + 2, 16 * 6 + 3), group=8, head_dim=256, fmt="r2i4", combine="group_mass", num_kv_heads=1),
+    SelectCase((16 * 70 + 1, 16 * 12), group=8, head_dim=128, page_budget=9, num_kv_heads=3),
+    SelectCase((16 * 2, 7, 16 * 3 + 1), group=4, head_dim=64, page_budget=4),  # every sequence dense
+    SelectCase((16 * 29 + 3,), group=4, head_dim=64, page_budget=7, identical_pages=True),
+]
+# Enough pages that the threshold bin is crowded; bf16 queries.
+MANY_PAGES_CASE = SelectCase((16 * 1500 + 7,), group=4, head_dim=64, fmt="r2i4", page_budget=64, num_kv_heads=1)
+DECODE_CASES = [
+    DecodeCase((16 * 13 + 5, 16 * 9), group=1, head_dim=64),
+    DecodeCase((16 * 11 + 1, 16 * 3 + 15, 16 * 2), group=4, head_dim=128, page_budget=7),
+    DecodeCase((16 * 8 + 9,), group=7, head_dim=64, num_kv_heads=3),
+    DecodeCase((16 * 21 + 3, 16 * 5 + 2), group=8, head_dim=256, page_budget=9, num_kv_heads=1),
+    DecodeCase((16 * 6 + 7, 5, 16 * 3), group=4, head_dim=64, page_budget=None),  # dense: every page
+    DecodeCase((16 * 5 + 1, 16), group=8, head_dim=128, page_budget=None, num_kv_heads=1),
+]
+
+
+def gpu_smoke_checks(device: str, seed: int) -> list[CheckResult]:
+    """The small set the kernel bench runs before timing: each kernel, a few shapes, bf16 on the GPU."""
+    results = [
+        check_build(device, "r8i4", 128, torch.bfloat16, seed),
+        check_build(device, "r4fp", 64, torch.float32, seed + 1, low_rank=3),
+        check_score_select(device, SelectCase((16 * 40 + 3, 16 * 7, 16 * 23), 8, 128), seed + 2, torch.bfloat16),
+        check_score_select(device, SelectCase((16 * 300 + 9, 16 * 129), 4, 128, page_budget=128), seed + 3, torch.bfloat16),
+        check_decode(device, DecodeCase((16 * 40 + 3, 16 * 7 + 1), 8, 128), seed + 4),
+        check_decode(device, DecodeCase((16 * 9 + 5,), 7, 64, page_budget=None), seed + 5),
+    ]
+    for r in results:
+        logger.info("%s", r)
+    return results
+
+
+def full_battery(device: str, seed: int) -> list[CheckResult]:
+    """Every case of the test files, for machines without pytest (`python -m ...triton.checks`)."""
+    results = [check_build(device, f, d, t, seed + i, num_kv_heads=1, num_pages=2) for i, (f, d, t) in enumerate(BUILD_CASES)]
+    results += [check_build(device, f, 64, torch.float32, seed + i, low_rank=r, num_kv_heads=1, num_pages=2)
+                for i, (f, r) in enumerate(LOW_RANK_CASES)]
+    results += [check_score_select(device, c, seed + i) for i, c in enumerate(SELECT_CASES)]
+    results.append(check_score_select(device, MANY_PAGES_CASE, seed, torch.bfloat16))
+    results += [check_decode(device, c, seed + i, t) for i, c in enumerate(DECODE_CASES)
+                for t in (torch.bfloat16, torch.float32)]
+    return results
+
+
+def available_devices() -> list[str]:
+    """Where the kernels can run here: the CPU interpreter (TRITON_INTERPRET=1) or the GPU."""
+    import os
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return ["cpu"]
+    return ["cuda"] if torch.cuda.is_available() else []
+
+
+if __name__ == "__main__":
+    import sys
+
+    from ..reference.testing import fresh_seed
+
+    devices = available_devices()
+    if not devices:
+        sys.exit("no device: set TRITON_INTERPRET=1 (CPU) or run on a GPU")
+    battery = full_battery(devices[0], fresh_seed())
+    for result in battery:
+        print(result)
+    failed = [r for r in battery if not r.ok]
+    print(f"{len(battery) - len(failed)} passed, {len(failed)} failed on {devices[0]}")
+    sys.exit(1 if failed else 0)

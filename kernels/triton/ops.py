@@ -1,0 +1,216 @@
+"""Public API of the Locks Triton kernels: small typed wrappers that check shapes and launch.
+
+Every op is CUDA-graph safe: grids depend only on tensor shapes, nothing reads device data on the
+host, nothing is allocated inside (outputs and scratch come from the caller; use the
+`*_workspace` helpers once at start-up). Each kernel's torch reference is named in its module.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import COMBINE_RULES, PAGE_SIZE
+from ..reference.packing import SummaryLayout
+from . import build as _build
+from . import decode as _decode
+from . import score_select as _ss
+from ._common import FP32_EPS, RowConstants, cdiv, check, device_index, dot_in_fp32, next_pow2, num_sms, row_views
+
+ScoreSelectWorkspace = _ss.ScoreSelectWorkspace
+DecodeWorkspace = _decode.DecodeWorkspace
+
+
+def _check_rows(summary_rows: torch.Tensor, layout: SummaryLayout, num_kv_heads: int) -> None:
+    check(
+        summary_rows.dtype == torch.uint8 and summary_rows.dim() == 3 and summary_rows.is_contiguous(),
+        f"summary_rows must be contiguous uint8 [num_blocks, Hkv, row_bytes]; got {summary_rows.dtype} "
+        f"{tuple(summary_rows.shape)}",
+    )
+    check(
+        summary_rows.shape[1:] == (num_kv_heads, layout.row_bytes),
+        f"summary_rows {tuple(summary_rows.shape)} does not match Hkv={num_kv_heads} and row_bytes="
+        f"{layout.row_bytes} of {layout.fmt} at d={layout.head_dim}; allocate [num_blocks, Hkv, row_bytes]",
+    )
+
+
+def build_summaries(
+    k_cache: torch.Tensor,
+    block_ids: torch.Tensor,
+    summary_rows: torch.Tensor,
+    layout: SummaryLayout,
+    scale_unused: float | None = None,
+) -> None:
+    """k_cache [NB, 16, Hkv, d] bf16/fp16/fp32, block_ids int32 [N] (<0 skipped) -> writes summary_rows uint8 [NB, Hkv, row_bytes]."""
+    check(k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE, f"k_cache must be [NB, {PAGE_SIZE}, Hkv, d]; got {tuple(k_cache.shape)}")
+    num_blocks, _, num_kv_heads, head_dim = k_cache.shape
+    check(head_dim == layout.head_dim and head_dim % 2 == 0 and head_dim >= 32,
+          f"head dim {head_dim} must equal the layout's {layout.head_dim}, be even and >= 32")
+    check(block_ids.dtype == torch.int32 and block_ids.dim() == 1, f"block_ids must be int32 [N]; got {block_ids.dtype} {tuple(block_ids.shape)}")
+    _check_rows(summary_rows, layout, num_kv_heads)
+    check(summary_rows.shape[0] >= num_blocks, f"summary_rows has {summary_rows.shape[0]} blocks < k_cache's {num_blocks}")
+    if block_ids.numel() == 0:
+        return
+    rc = RowConstants.of(layout)
+    rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
+    _build._build_kernel[(block_ids.numel(), num_kv_heads)](
+        k_cache, block_ids, rows_u8, rows_i8, rows_f16,
+        *k_cache.stride(), num_kv_heads, rc.row_bytes,
+        D=head_dim, DH_PAD=next_pow2(head_dim // 2), B=PAGE_SIZE, R=rc.rank, BITS=rc.basis_bits,
+        COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset, USED=rc.used_bytes,
+        MAX_SWEEPS_C=_build.MAX_SWEEPS, EPS=FP32_EPS, num_warps=4,
+    )
+
+
+def score_select_workspace(
+    max_num_seqs: int, num_kv_heads: int, max_pages: int, device: torch.device | str, *, group_size: int
+) -> ScoreSelectWorkspace:
+    """Scratch for score_select: fp32 scores [S*Hkv, max_pages, next_pow2(G)] plus small buffers (4*(G+1) B/page)."""
+    pairs = max_num_seqs * num_kv_heads
+    slots = next_pow2(group_size)
+    return ScoreSelectWorkspace(
+        scores=torch.empty((pairs, max_pages, slots), dtype=torch.float32, device=device),
+        chunk_max=torch.empty((pairs, _ss.MAX_CHUNKS, slots), dtype=torch.float32, device=device),
+        chunk_sum=torch.empty((pairs, _ss.MAX_CHUNKS, slots), dtype=torch.float32, device=device),
+        keys=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
+        hist=torch.zeros((pairs, _ss.HIST_BINS), dtype=torch.int32, device=device),  # kept zero between calls
+        cand_low=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
+        cand_page=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
+    )
+
+
+def score_select(
+    q: torch.Tensor,
+    summary_rows: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    selected_pages: torch.Tensor,
+    layout: SummaryLayout,
+    page_budget: int,
+    scale: float,
+    combine: str = "share_average",
+    num_kv_heads: int | None = None,
+    *,
+    workspace: ScoreSelectWorkspace,
+) -> None:
+    """q [S, Hq, d], rows uint8 [NB, Hkv, row_bytes], block_table int32 [S, maxP], seq_lens int32 [S] -> writes selected_pages int32 [S, Hkv, k] (logical ids ascending, -1 padded)."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_kv_heads = summary_rows.shape[1] if num_kv_heads is None else num_kv_heads
+    check(combine in COMBINE_RULES, f"combine rule {combine!r} unknown; use one of {', '.join(COMBINE_RULES)}")
+    check(num_q_heads % num_kv_heads == 0, f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
+    check(head_dim == layout.head_dim and head_dim >= 32, f"q head dim {head_dim} != layout head dim {layout.head_dim} (or < 32)")
+    check(q.stride(-1) == 1, "q must be contiguous in its last dim")
+    _check_rows(summary_rows, layout, num_kv_heads)
+    group = num_q_heads // num_kv_heads
+    check(page_budget >= 2, f"page budget {page_budget} leaves no room for the sink and recent pages; pass k >= 2")
+    check(selected_pages.shape == (num_seqs, num_kv_heads, page_budget) and selected_pages.dtype == torch.int32
+          and selected_pages.is_contiguous(),
+          f"selected_pages must be contiguous int32 [{num_seqs}, {num_kv_heads}, {page_budget}]; got "
+          f"{selected_pages.dtype} {tuple(selected_pages.shape)}")
+    check(block_table.dtype == torch.int32 and block_table.stride(-1) == 1, "block_table must be int32, contiguous rows")
+    check(seq_lens.dtype == torch.int32 and seq_lens.shape == (num_seqs,), f"seq_lens must be int32 [{num_seqs}]")
+    ws = workspace
+    check(ws.max_pairs >= num_seqs * num_kv_heads and ws.max_pages >= block_table.shape[1]
+          and ws.group_slots >= next_pow2(group),
+          f"workspace (pairs {ws.max_pairs}, pages {ws.max_pages}, group slots {ws.group_slots}) is too small for "
+          f"S*Hkv={num_seqs * num_kv_heads}, max_pages={block_table.shape[1]}, G={group}; "
+          "rebuild it with score_select_workspace(max_num_seqs, Hkv, max_pages, device, group_size=G)")
+    chunks = _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws)
+    _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget)
+
+
+def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws) -> int:
+    """Kernel 1 of score_select (arguments already checked); returns the chunk count. The kernel bench times it alone."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    group = num_q_heads // num_kv_heads
+    rc = RowConstants.of(layout)
+    pairs = num_seqs * num_kv_heads
+    chunks = max(1, min(_ss.MAX_CHUNKS, cdiv(4 * num_sms(device_index(q)), pairs), cdiv(block_table.shape[1], _ss.P_TILE)))
+    rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
+    _ss._score_kernel[(pairs, chunks)](
+        q, rows_u8, rows_i8, rows_f16, block_table, seq_lens, ws.scores, ws.chunk_max, ws.chunk_sum,
+        q.stride(0), q.stride(1), block_table.stride(0), num_kv_heads, rc.row_bytes, ws.max_pages, chunks, scale,
+        G=group, G_DOT=next_pow2(group), GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS,
+        D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE, R=rc.rank, BITS=rc.basis_bits,
+        COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
+        P=_ss.P_TILE, RP=next_pow2(rc.rank), FP32=dot_in_fp32(q) or rc.basis_bits == 16, num_warps=_ss.SCORE_WARPS,
+        maxnreg=_ss.SCORE_MAXNREG,
+    )
+    return chunks
+
+
+def _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget) -> None:
+    """Kernels 2 and 3 of score_select (arguments already checked). The kernel bench times them alone."""
+    num_seqs, num_kv_heads, _ = selected_pages.shape
+    pairs = num_seqs * num_kv_heads
+    _ss._keys_kernel[(pairs, chunks)](
+        ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, seq_lens,
+        num_kv_heads, ws.max_pages, chunks, page_budget,
+        G=group, GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=_ss.COMBINE_CODES[combine],
+        BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS, num_warps=_ss.KEYS_WARPS,
+    )
+    _ss._select_kernel[(pairs,)](
+        ws.keys, ws.hist, ws.cand_low, ws.cand_page, seq_lens, selected_pages, num_kv_heads, ws.max_pages, page_budget,
+        B=PAGE_SIZE, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS, SCAN=_ss.SELECT_SCAN, K_PAD=next_pow2(page_budget),
+        num_warps=_ss.SELECT_WARPS,
+    )
+
+
+def decode_workspace(
+    max_num_seqs: int, num_q_heads: int, head_dim: int, device: torch.device | str, num_splits: int = _decode.MAX_SPLITS
+) -> DecodeWorkspace:
+    """Split-K partials for sparse_paged_decode: fp32 out [S, Hq, splits, d] and lse [S, Hq, splits]."""
+    return DecodeWorkspace(
+        partial_out=torch.empty((max_num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=device),
+        partial_lse=torch.empty((max_num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=device),
+    )
+
+
+def decode_splits(num_seqs: int, num_kv_heads: int, page_budget: int, workspace: DecodeWorkspace, device_idx: int | None) -> int:
+    """Split count for a batch shape: enough programs for ~2 waves, each with >= PAGES_PER_ITER pages."""
+    wanted = cdiv(2 * num_sms(device_idx), num_seqs * num_kv_heads)
+    return max(1, min(workspace.max_splits, wanted, cdiv(page_budget, _decode.PAGES_PER_ITER)))
+
+
+def sparse_paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    selected_pages: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    workspace: DecodeWorkspace,
+) -> None:
+    """q [S, Hq, d], caches [NB, 16, Hkv, d], selected_pages int32 [S, Hkv, k] (logical, -1 skipped) -> writes out [S, Hq, d] (q dtype)."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    check(k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE and k_cache.shape == v_cache.shape,
+          f"k_cache/v_cache must both be [NB, {PAGE_SIZE}, Hkv, d]; got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
+    num_kv_heads = k_cache.shape[2]
+    check(k_cache.shape[3] == head_dim and num_q_heads % num_kv_heads == 0,
+          f"q {tuple(q.shape)} does not fit caches {tuple(k_cache.shape)} (head dim, GQA multiple)")
+    check(q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1, "q and caches need a contiguous last dim")
+    check(selected_pages.dim() == 3 and selected_pages.shape[:2] == (num_seqs, num_kv_heads)
+          and selected_pages.dtype == torch.int32 and selected_pages.is_contiguous(),
+          f"selected_pages must be contiguous int32 [{num_seqs}, {num_kv_heads}, k]; got {tuple(selected_pages.shape)}")
+    check(out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1, f"out must be {q.dtype} {tuple(q.shape)}")
+    check(block_table.dtype == torch.int32 and seq_lens.dtype == torch.int32, "block_table and seq_lens must be int32")
+    ws = workspace
+    check(ws.partial_out.shape[0] >= num_seqs and ws.partial_out.shape[1] == num_q_heads and ws.partial_out.shape[3] == head_dim,
+          f"decode workspace {tuple(ws.partial_out.shape)} does not fit S={num_seqs}, Hq={num_q_heads}, d={head_dim}; "
+          "rebuild it with decode_workspace(max_num_seqs, Hq, d, device)")
+    page_budget = selected_pages.shape[2]
+    group = num_q_heads // num_kv_heads
+    splits = decode_splits(num_seqs, num_kv_heads, page_budget, ws, device_index(q))
+    _decode._sparse_decode_kernel[(num_seqs * num_kv_heads, splits)](
+        q, k_cache, v_cache, block_table, seq_lens, selected_pages, ws.partial_out, ws.partial_lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
+        num_kv_heads, num_q_heads, page_budget, splits, ws.max_splits, scale,
+        G=group, G_DOT=next_pow2(group), D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE,
+        PPI=_decode.PAGES_PER_ITER, FP32=dot_in_fp32(k_cache), num_warps=4,
+    )
+    _decode._merge_kernel[(num_seqs * num_q_heads,)](
+        ws.partial_out, ws.partial_lse, out, out.stride(0), out.stride(1), num_q_heads, splits, ws.max_splits,
+        D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=next_pow2(splits), num_warps=4,
+    )

@@ -1,0 +1,45 @@
+"""build_summaries (Triton) vs build_page_summaries + pack_summaries, on fresh random pages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from locks_toolkit.kernels.reference.testing import fresh_seed
+from locks_toolkit.kernels.triton.checks import BUILD_CASES, LOW_RANK_CASES, available_devices, check_build
+
+DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(reason="needs TRITON_INTERPRET=1 or a GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("fmt", "head_dim", "dtype"), BUILD_CASES)
+def test_build_matches_reference(device, fmt, head_dim, dtype):
+    result = check_build(device, fmt, head_dim, dtype, fresh_seed(), num_kv_heads=1, num_pages=2)
+    print(result)
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("fmt", "page_rank"), LOW_RANK_CASES)
+def test_build_is_exact_when_rank_covers_the_page(device, fmt, page_rank):
+    result = check_build(device, fmt, 64, torch.float32, fresh_seed(), low_rank=page_rank, num_kv_heads=1, num_pages=2)
+    print(result)
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_build_of_a_constant_page_has_no_modes(device):
+    """All 16 keys equal: every mode is a zero mode (no division by a zero singular value)."""
+    from locks_toolkit.kernels.config import SummaryFormat
+    from locks_toolkit.kernels.reference.packing import SummaryLayout, unpack_summaries
+    from locks_toolkit.kernels.triton import ops
+
+    layout = SummaryLayout(SummaryFormat.parse("r8i4"), 64)
+    key = torch.randn(64)
+    k_cache = key.expand(2, 16, 1, 64).contiguous()
+    rows = torch.full((2, 1, layout.row_bytes), 0xAB, dtype=torch.uint8, device=device)
+    ops.build_summaries(k_cache.to(device), torch.tensor([1], dtype=torch.int32, device=device), rows, layout)
+    summary = unpack_summaries(rows[1].cpu(), layout)
+    assert torch.count_nonzero(summary.coefficients) == 0 and torch.count_nonzero(summary.basis) == 0
+    assert torch.allclose(summary.centroid[0], key, atol=key.abs().max().item() / 127)
+    assert bool((rows[0] == 0xAB).all())

@@ -1,0 +1,20 @@
+"""sparse_paged_decode (Triton) vs paged_decode_reference (fp64) over scrambled paged caches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from locks_toolkit.kernels.reference.testing import fresh_seed
+from locks_toolkit.kernels.triton.checks import DECODE_CASES, available_devices, check_decode
+
+DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(reason="needs TRITON_INTERPRET=1 or a GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-k{c.page_budget}-Hkv{c.num_kv_heads}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_sparse_decode_matches_reference(device, case, dtype):
+    result = check_decode(device, case, fresh_seed(), dtype)
+    print(result)
+    assert result.ok, str(result)
