@@ -1,0 +1,98 @@
+"""The Locks backend on CUDA: FlashAttention (FA3) subclasses, selected with attention_backend="CUSTOM".
+
+Backend = static facts (name, block size 16, decoder only, FA3's KV layout); builder = FA3's
+metadata plus the Locks step; impl = FA3 for prefill and sliding-window layers, Locks for decode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
+from vllm.v1.attention.backends.flash_attn import (
+    FlashAttentionBackend,
+    FlashAttentionImpl,
+    FlashAttentionMetadata,
+    FlashAttentionMetadataBuilder,
+)
+
+from ..config import PAGE_SIZE
+from .core import LocksBuilderMixin, LocksImplMixin, LocksStep
+from .settings import settings_from_vllm_config
+
+
+@dataclass
+class LocksMetadata(FlashAttentionMetadata):
+    locks: LocksStep | None = None
+
+
+class LocksBuilder(LocksBuilderMixin, FlashAttentionMetadataBuilder):
+    # Decode graphs only: mixed batches run eagerly (stock FA3 for their prefill rows).
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
+    # Our step derives block ids from the block table: never reuse metadata across groups.
+    supports_update_block_table: bool = False
+
+    @classmethod
+    def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
+        # Key-reading scorers loop on the host (quality runs): no graphs at all.
+        if settings_from_vllm_config(vllm_config).reads_keys:
+            return AttentionCGSupport.NEVER
+        return cls._cudagraph_support
+
+    def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self._locks_init(kv_cache_spec, layer_names, vllm_config, device, "cuda/FA3")
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False) -> LocksMetadata:
+        base = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        metadata = LocksMetadata.__new__(LocksMetadata)
+        metadata.__dict__.update(base.__dict__)
+        metadata.locks = self._locks_step(common_attn_metadata)
+        return metadata
+
+
+class LocksImpl(LocksImplMixin, FlashAttentionImpl):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._locks_init()
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
+        return self._locks_forward(
+            layer, query, key, value, kv_cache, attn_metadata, output,
+            output_scale=output_scale, output_block_scale=output_block_scale,
+        )
+
+    def _kv_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key_cache, value_cache = kv_cache.unbind(1)  # NHD: [num_blocks, 16, Hkv, d]
+        return key_cache, value_cache
+
+    def _stock_forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs):
+        return FlashAttentionImpl.forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
+
+
+class LocksBackend(FlashAttentionBackend):
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"  # Attention looks the name up in AttentionBackendEnum
+
+    @staticmethod
+    def get_impl_cls() -> type[LocksImpl]:
+        return LocksImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[LocksBuilder]:
+        return LocksBuilder
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list:
+        return [PAGE_SIZE]  # pure: FA's version reads the current vllm config
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_mm_prefix(cls) -> bool:
+        return False

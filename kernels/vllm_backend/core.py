@@ -1,0 +1,295 @@
+"""What the CUDA and CPU Locks backends share: the per-step plan (builder) and the forward (impl).
+
+Builder (host, every step, before any graph replay): splits decodes from prefills, counts rows,
+writes the physical blocks whose page completed this step into persistent buffers.
+Impl (forward): stock attention for prefill rows; for decode rows build the completed pages'
+summaries, score + select pages per (sequence, KV head), attend over them. Every decode-path
+launch has a fixed shape, reads only device tensors, and writes into preallocated buffers, so the
+same sequence is recorded once in a full CUDA graph and replayed (padded rows have seq_len 0).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..config import PAGE_SIZE
+from ..reference.packing import SummaryLayout
+from . import counters, debug, memory
+from .kernel_ops import DecodeShape, key_score_select, ops_for_device
+from .settings import BackendSettings, settings_from_vllm_config
+
+logger = logging.getLogger(__name__)
+# The ACTIVE line goes through a child of vLLM's logger so it appears in vLLM's own log stream
+# (vLLM configures handlers for the "vllm" namespace only).
+_banner_logger = logging.getLogger("vllm.locks")
+_banners_logged: set[str] = set()
+
+
+@dataclass
+class LocksStep:
+    """The Locks part of one step's metadata (shared by every layer of a builder's group)."""
+
+    num_decodes: int  # rows [0, num_decodes) are single-token decodes (padded rows included)
+    num_reqs: int
+    decode_summary_blocks: torch.Tensor  # int32 [num_decodes]: block whose page completed, else -1
+    prefill_summary_blocks: torch.Tensor | None  # int32 [N]: pages completed by prefill rows
+    selected_pages: torch.Tensor  # int32 [num_decodes, Hkv, k], persistent scratch
+    workspace: Any
+    stock_only: bool  # sliding-window group: every row runs stock attention
+
+
+def log_active_banner(settings: BackendSettings, backend: str, ops_name: str) -> None:
+    """The ACTIVE line with the full configuration, once per process and configuration."""
+    line = f"({backend}, kernels={ops_name}): {settings.describe()}"
+    if line not in _banners_logged:
+        _banners_logged.add(line)
+        _banner_logger.info("Locks attention backend ACTIVE %s", line)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def decode_shape(vllm_config, head_dim: int, page_budget: int) -> DecodeShape:
+    """Static decode sizes of an engine (workspaces and persistent buffers are allocated for them)."""
+    model_config, parallel = vllm_config.model_config, vllm_config.parallel_config
+    return DecodeShape(
+        max_seqs=max(vllm_config.scheduler_config.max_num_seqs, vllm_config.compilation_config.max_cudagraph_capture_size or 0),
+        num_q_heads=model_config.get_num_attention_heads(parallel),
+        num_kv_heads=model_config.get_num_kv_heads(parallel),
+        head_dim=head_dim,
+        max_pages=_cdiv(model_config.max_model_len, PAGE_SIZE),
+        page_budget=page_budget,
+    )
+
+
+class LocksBuilderMixin:
+    """Mixed into a vLLM metadata builder subclass; call _locks_init after the base __init__."""
+
+    def _locks_init(self, kv_cache_spec, layer_names, vllm_config, device, backend_label: str) -> None:
+        self.locks_settings = settings_from_vllm_config(vllm_config)
+        self._init_reorder_batch_threshold(1)
+        stock_reasons = _stock_layer_reasons(vllm_config, layer_names)
+        if getattr(kv_cache_spec, "sliding_window", None) is not None:
+            stock_reasons = {name: "sliding window" for name in layer_names}
+        if stock_reasons:
+            logger.warning("Locks: %d layer(s) run stock attention for decode: %s", len(stock_reasons), stock_reasons)
+        self._stock_layers = len(stock_reasons)
+        self._sliding_group = getattr(kv_cache_spec, "sliding_window", None) is not None
+        self._locks_layers = len(layer_names) - self._stock_layers
+        self._locks_stock_only = self._locks_layers == 0
+        memory.release(vllm_config)  # profiling is over: the KV budget is fixed
+        self._locks_shape = decode_shape(vllm_config, kv_cache_spec.head_size, self.locks_settings.locks.selection.page_budget)
+        num_kv_heads = self._locks_shape.num_kv_heads
+        self._locks_ops = ops_for_device(device)
+        self._locks_layout = SummaryLayout(self.locks_settings.locks.summary, kv_cache_spec.head_size)
+        shape = self._locks_shape
+        # Persistent buffers: decode graphs hold their addresses, build() refreshes their contents.
+        self._decode_blocks = torch.full((shape.max_seqs,), -1, dtype=torch.int32, device=device)
+        self._selected = torch.full((shape.max_seqs, num_kv_heads, shape.page_budget), -1, dtype=torch.int32, device=device)
+        self._workspace = self._locks_ops.workspace(shape, self._locks_layout, device)
+        log_active_banner(self.locks_settings, backend_label, self._locks_ops.name)
+
+    def _locks_step(self, cam) -> LocksStep:
+        num_reqs = cam.num_reqs
+        query_lens = (cam.query_start_loc_cpu[1 : num_reqs + 1] - cam.query_start_loc_cpu[:num_reqs]).long()
+        seq_bound = cam.seq_lens_cpu_upper_bound
+        seq_cpu = (seq_bound if seq_bound is not None else cam.seq_lens.cpu())[:num_reqs].long()
+        is_decode = query_lens <= 1  # reordered: decodes (and 1-token extends) come first
+        num_decodes = num_reqs if bool(is_decode.all()) else int((~is_decode).int().argmax())
+        layers, stock_layers = self._locks_layers, self._stock_layers
+        live = query_lens[:num_decodes] > 0  # padded graph rows have query length 0
+        decode_seq = seq_cpu[:num_decodes][live]
+        counters.add(
+            prefill_rows=(layers + stock_layers) * (num_reqs - num_decodes),
+            stock_decode_rows=stock_layers * len(decode_seq),
+            stock_layer_calls=stock_layers,
+            sliding_window_calls=stock_layers if self._sliding_group else 0,
+        )
+        if self._locks_stock_only:
+            return LocksStep(num_decodes, num_reqs, self._decode_blocks[:0], None, self._selected[:0], None, True)
+
+        page_budget = self._locks_shape.page_budget
+        dense = int((-(-decode_seq // PAGE_SIZE) <= page_budget).sum())
+        completed_in_decode = int(((decode_seq % PAGE_SIZE == 0) & (decode_seq > 0)).sum())
+        counters.add(
+            sparse_decode_rows=layers * (len(decode_seq) - dense),
+            dense_fallback_rows=layers * dense,
+            summaries_built=layers * completed_in_decode,
+        )
+        if num_decodes:
+            seq_lens = cam.seq_lens[:num_decodes]
+            last_page = ((seq_lens - 1).clamp(min=0) // PAGE_SIZE).long().unsqueeze(1)
+            blocks = cam.block_table_tensor[:num_decodes].gather(1, last_page).squeeze(1)
+            completed = (seq_lens % PAGE_SIZE == 0) & (seq_lens > 0)
+            self._decode_blocks[:num_decodes] = torch.where(completed, blocks, torch.full_like(blocks, -1))
+        return LocksStep(
+            num_decodes=num_decodes,
+            num_reqs=num_reqs,
+            decode_summary_blocks=self._decode_blocks[:num_decodes],
+            prefill_summary_blocks=self._prefill_blocks(cam, num_decodes, query_lens, seq_cpu),
+            selected_pages=self._selected[:num_decodes],
+            workspace=self._workspace,
+            stock_only=False,
+        )
+
+    def _prefill_blocks(self, cam, num_decodes, query_lens, seq_cpu) -> torch.Tensor | None:
+        """Physical blocks of pages [context // 16, seq_len // 16) of each prefill row (eager steps)."""
+        rows, pages = [], []
+        for row in range(num_decodes, cam.num_reqs):
+            seq_len = int(seq_cpu[row])
+            first = (seq_len - int(query_lens[row])) // PAGE_SIZE
+            for page in range(first, seq_len // PAGE_SIZE):
+                rows.append(row)
+                pages.append(page)
+        if not rows:
+            return None
+        counters.add(summaries_built=self._locks_layers * len(rows))
+        table = cam.block_table_tensor
+        row_ids = torch.tensor(rows, dtype=torch.long).to(table.device, non_blocking=True)
+        page_ids = torch.tensor(pages, dtype=torch.long).to(table.device, non_blocking=True)
+        return table[row_ids, page_ids].to(torch.int32)
+
+
+def unsupported_reason(impl) -> str | None:
+    """Why this layer's decode must run stock attention (None: Locks serves it)."""
+    from vllm.v1.attention.backend import AttentionType  # noqa: PLC0415
+
+    window = getattr(impl, "sliding_window", None)
+    if window not in (None, -1, (-1, -1)):
+        return "sliding window"
+    if getattr(impl, "attn_type", AttentionType.DECODER) != AttentionType.DECODER:
+        return f"attention type {impl.attn_type}"
+    if getattr(impl, "alibi_slopes", None) is not None:
+        return "ALiBi"
+    if getattr(impl, "sinks", None) is not None:
+        return "attention sinks"
+    if getattr(impl, "logits_soft_cap", 0):
+        return "logit soft-capping"
+    return None
+
+
+def _stock_layer_reasons(vllm_config, layer_names) -> dict[str, str]:
+    """{layer name: reason} for this group's layers that Locks cannot serve (layers built already)."""
+    from vllm.config import get_layers_from_vllm_config  # noqa: PLC0415
+    from vllm.model_executor.layers.attention.attention import Attention  # noqa: PLC0415
+
+    layers = get_layers_from_vllm_config(vllm_config, Attention, layer_names)
+    reasons = {name: unsupported_reason(layer.impl) for name, layer in layers.items()}
+    return {name: reason for name, reason in reasons.items() if reason is not None}
+
+
+class LocksImplMixin:
+    """Mixed into a vLLM attention impl subclass; the subclass supplies _kv_views and _stock_forward."""
+
+    def _locks_init(self) -> None:
+        from vllm.config import get_current_vllm_config  # noqa: PLC0415 - keep imports lazy
+
+        self._vllm_config = get_current_vllm_config()
+        self.locks_settings = settings_from_vllm_config(self._vllm_config)
+        self._locks_stock_reason = unsupported_reason(self)
+        self._summary_rows: torch.Tensor | None = None
+        self._summary_key: tuple[int, int] | None = None
+        self._layout: SummaryLayout | None = None
+        self._ops = None
+
+    # -- subclass hooks -------------------------------------------------------------------------
+    def _kv_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_cache -> (k_cache, v_cache), each viewed as [num_blocks, 16, Hkv, d] (no copy)."""
+        raise NotImplementedError
+
+    def _stock_forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- forward --------------------------------------------------------------------------------
+    def _locks_forward(self, layer, query, key, value, kv_cache, attn_metadata, output, **kwargs) -> torch.Tensor:
+        if attn_metadata is None:  # profiling / warm-up without attention
+            if kv_cache.numel() == 0:
+                self._reserve_summary_memory(query.device)
+            return self._stock_forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
+        step: LocksStep | None = getattr(attn_metadata, "locks", None)
+        if step is None or step.stock_only or self._locks_stock_reason is not None:
+            return self._stock_forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
+
+        memory.release(self._vllm_config)
+        k_cache, v_cache = self._kv_views(kv_cache)
+        summary_rows = self._summaries_for(kv_cache, k_cache)
+        if step.num_decodes < step.num_reqs:
+            # Prefill rows exactly as stock (whole batch: the decode rows are overwritten below).
+            self._stock_forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
+            if step.prefill_summary_blocks is not None:
+                self._build(k_cache, step.prefill_summary_blocks, summary_rows, timed=True)
+        if step.num_decodes:
+            self._decode(layer, query, k_cache, v_cache, summary_rows, attn_metadata, step, output)
+        return output
+
+    def _decode(self, layer, query, k_cache, v_cache, summary_rows, md, step: LocksStep, output) -> None:
+        n = step.num_decodes
+        q = query[:n]
+        out = output[:n].view(n, self.num_heads, self.head_size)
+        block_table, seq_lens = md.block_table[:n], md.seq_lens[:n]
+        selection = self.locks_settings.locks.selection
+        self._ops.build_summaries(k_cache, step.decode_summary_blocks, summary_rows, self._layout)
+        if self.locks_settings.reads_keys:
+            key_score_select(
+                self.locks_settings.locks.scorer, q, k_cache, block_table, seq_lens, step.selected_pages,
+                selection.page_budget, self.scale, selection.combine, self.num_kv_heads,
+            )
+        else:
+            self._ops.score_select(
+                q, summary_rows, block_table, seq_lens, step.selected_pages, self._layout,
+                selection.page_budget, self.scale, selection.combine, self.num_kv_heads, step.workspace,
+            )
+        self._ops.sparse_paged_decode(
+            q, k_cache, v_cache, block_table, seq_lens, step.selected_pages, self.scale, out, step.workspace
+        )
+        if self.locks_settings.debug_capture_layers and not _capturing(q):
+            name = getattr(layer, "layer_name", "")
+            if debug.layer_index(name) in self.locks_settings.debug_capture_layers:
+                debug.record(name, q, block_table, seq_lens, step.selected_pages, out, k_cache, v_cache, self.scale)
+
+    def _build(self, k_cache, block_ids, summary_rows, timed: bool) -> None:
+        if k_cache.is_cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._ops.build_summaries(k_cache, block_ids, summary_rows, self._layout)
+            end.record()
+            counters.add_build_events(start, end)
+        else:
+            from .kernel_ops import timed_host_ms  # noqa: PLC0415
+
+            counters.add_build_time_ms(timed_host_ms(self._ops.build_summaries, k_cache, block_ids, summary_rows, self._layout))
+        counters.add(eager_build_calls=1)
+
+    # -- summary memory -------------------------------------------------------------------------
+    def _summaries_for(self, kv_cache: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
+        """This layer's uint8 [num_blocks, Hkv, row_bytes] rows, (re)allocated when the KV tensor changes."""
+        key = (kv_cache.data_ptr(), k_cache.shape[0])
+        if self._summary_key != key:
+            if _capturing(k_cache):
+                raise RuntimeError("Locks summaries must exist before CUDA-graph capture (an eager warm-up allocates them)")
+            if self._layout is None:
+                self._layout = SummaryLayout(self.locks_settings.locks.summary, self.head_size)
+                self._ops = ops_for_device(k_cache.device)
+            self._summary_rows = None
+            self._summary_rows = torch.zeros(
+                (k_cache.shape[0], self.num_kv_heads, self._layout.row_bytes), dtype=torch.uint8, device=k_cache.device
+            )
+            self._summary_key = key
+        return self._summary_rows
+
+    def _reserve_summary_memory(self, device: torch.device) -> None:
+        layout = SummaryLayout(self.locks_settings.locks.summary, self.head_size)
+        element_bytes = 1 if "fp8" in str(getattr(self, "kv_cache_dtype", "auto")) else 2
+        fraction = memory.summary_fraction(layout.row_bytes, self.head_size, element_bytes)
+        shape = decode_shape(self._vllm_config, self.head_size, self.locks_settings.locks.selection.page_budget)
+        workspace = ops_for_device(device).workspace(shape, layout, torch.device("meta"))
+        memory.reserve_during_profiling(self._vllm_config, fraction, memory.tensor_bytes(workspace), device)
+
+
+def _capturing(t: torch.Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()

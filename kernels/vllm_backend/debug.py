@@ -1,0 +1,40 @@
+"""Opt-in capture of per-step decode tensors (additional_config locks.debug_capture_layers).
+
+Eager only: CUDA-graph replays run no Python, so nothing is recorded there. Each record holds
+host copies; the KV cache is referenced (not copied) because pages are append-only, so the final
+cache reproduces any earlier step given that step's seq_lens.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+captures: list[dict] = []
+_LAYER_RE = re.compile(r"layers\.(\d+)\.")
+
+
+def layer_index(layer_name: str) -> int:
+    match = _LAYER_RE.search(layer_name + ".")
+    return int(match.group(1)) if match else -1
+
+
+def record(layer_name: str, q, block_table, seq_lens, selected_pages, out, k_cache, v_cache, scale: float) -> None:
+    captures.append(
+        {
+            "layer": layer_name,
+            "q": q.detach().to("cpu", torch.float32),
+            "block_table": block_table.detach().cpu(),
+            "seq_lens": seq_lens.detach().cpu(),
+            "selected_pages": selected_pages.detach().cpu(),
+            "out": out.detach().to("cpu", torch.float32),
+            "k_cache": k_cache,
+            "v_cache": v_cache,
+            "scale": scale,
+        }
+    )
+
+
+def clear() -> None:
+    captures.clear()

@@ -1,0 +1,154 @@
+"""One indirection to the Locks kernels, chosen once per device (never per call).
+
+CUDA -> `kernels.triton.ops` (graph safe, caller-preallocated outputs); anything else -> the pure
+torch reference behind the same signatures, so the CPU engine runs the backend's exact call
+sequence. Key-reading scorers (oracle, quest, centroid) always go through the reference scorers
+(eager only; they exist for same-engine quality comparisons, not for speed).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from ..config import PAGE_SIZE
+from ..reference.attention import paged_decode_reference
+from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
+from ..reference.score import summary_page_scores
+from ..reference.select import combine_group, select_pages
+from ..reference.selectors import make_scorer
+from ..reference.summary import build_page_summaries
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """Static sizes that workspaces are allocated for (once, before any CUDA-graph capture)."""
+
+    max_seqs: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_pages: int  # block-table width
+    page_budget: int
+
+
+class KernelOps(Protocol):
+    name: str
+
+    def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> Any:
+        """Scratch for score_select + sparse_paged_decode, reused by every layer of a group."""
+
+    def build_summaries(self, k_cache: torch.Tensor, block_ids: torch.Tensor, summary_rows: torch.Tensor, layout: SummaryLayout) -> None:
+        """k_cache [NB, 16, Hkv, d], block_ids int32 [N] (<0 skipped) -> summary_rows uint8 [NB, Hkv, row_bytes] rows written."""
+
+    def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace) -> None:
+        """q [S, Hq, d] -> selected_pages int32 [S, Hkv, k] (logical page ids, -1 pad)."""
+
+    def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace) -> None:
+        """q [S, Hq, d] -> out [S, Hq, d]: attention over the selected pages only."""
+
+
+def _page_candidates(seq_len: int) -> tuple[int, torch.Tensor]:
+    """(pages holding tokens, mask of pages with a summary = full pages) for one sequence."""
+    num_pages = -(-seq_len // PAGE_SIZE)
+    return num_pages, torch.arange(num_pages) < seq_len // PAGE_SIZE
+
+
+class ReferenceOps:
+    """The reference behind the kernel signatures (host loops; CPU tests and eager checks)."""
+
+    name = "reference"
+
+    def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> None:
+        return None
+
+    def build_summaries(self, k_cache, block_ids, summary_rows, layout) -> None:
+        ids = block_ids[block_ids >= 0].long()
+        if ids.numel() == 0:
+            return
+        keys = k_cache[ids].permute(0, 2, 1, 3).unsqueeze(2)  # [N, Hkv, 1, 16, d]
+        packed = pack_summaries(build_page_summaries(keys, layout.rank), layout.fmt)  # [N, Hkv, 1, row]
+        summary_rows[ids] = packed[:, :, 0].to(summary_rows.device)
+
+    def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace=None) -> None:
+        def summary_scores(row: int, blocks: torch.Tensor, grouped_q: torch.Tensor) -> torch.Tensor:
+            summaries = unpack_summaries(summary_rows[blocks].transpose(0, 1), layout)  # [Hkv, P, ...]
+            return summary_page_scores(grouped_q, summaries, scale)
+
+        _select_each_row(q, block_table, seq_lens, selected_pages, page_budget, combine, num_kv_heads, summary_scores)
+
+    def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace=None) -> None:
+        result = paged_decode_reference(q, k_cache, v_cache, block_table, seq_lens, scale, selected_pages.long())
+        out.copy_(result.to(out.dtype))
+
+
+def _select_each_row(q, block_table, seq_lens, selected_pages, page_budget, combine, num_kv_heads, row_scores) -> None:
+    """Per sequence: scores [Hkv, G, P] from row_scores -> combine over G -> select -> selected_pages."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    group = num_q_heads // num_kv_heads
+    selected_pages.fill_(-1)
+    for row, seq_len in enumerate(seq_lens[:num_seqs].tolist()):
+        if seq_len <= 0:  # CUDA-graph padding rows
+            continue
+        num_pages, has_summary = _page_candidates(seq_len)
+        blocks = block_table[row, :num_pages].long()
+        grouped_q = q[row].reshape(num_kv_heads, group, head_dim).float()
+        scores = row_scores(row, blocks, grouped_q)  # [Hkv, G, P]
+        mask = has_summary.to(scores.device).expand(num_kv_heads, num_pages)
+        chosen = select_pages(combine_group(scores, combine, mask), num_pages, page_budget)
+        selected_pages[row] = chosen.to(selected_pages.dtype)
+
+
+def key_score_select(scorer_name, q, k_cache, block_table, seq_lens, selected_pages, page_budget, scale, combine, num_kv_heads) -> None:
+    """Same contract as score_select, scoring pages from the keys (oracle, quest, centroid)."""
+    scorer = make_scorer(scorer_name)
+
+    def key_scores(row: int, blocks: torch.Tensor, grouped_q: torch.Tensor) -> torch.Tensor:
+        keys = k_cache[blocks].permute(2, 0, 1, 3)  # [Hkv, P, 16, d]
+        return scorer.scores(scorer.prepare(keys), grouped_q, scale)
+
+    _select_each_row(q, block_table, seq_lens, selected_pages, page_budget, combine, num_kv_heads, key_scores)
+
+
+class TritonOps:
+    """The Triton kernels (CUDA); imported lazily so CPU machines never import them."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        from ..triton import ops  # noqa: PLC0415 - CUDA only
+
+        self._ops = ops
+
+    def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> Any:
+        group = shape.num_q_heads // shape.num_kv_heads
+        score_ws = self._ops.score_select_workspace(shape.max_seqs, shape.num_kv_heads, shape.max_pages, device, group_size=group)
+        decode_ws = self._ops.decode_workspace(shape.max_seqs, shape.num_q_heads, shape.head_dim, device)
+        return score_ws, decode_ws
+
+    def build_summaries(self, k_cache, block_ids, summary_rows, layout) -> None:
+        self._ops.build_summaries(k_cache, block_ids, summary_rows, layout)
+
+    def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace) -> None:
+        self._ops.score_select(
+            q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads,
+            workspace=workspace[0],
+        )
+
+    def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace) -> None:
+        self._ops.sparse_paged_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace[1])
+
+
+def ops_for_device(device: torch.device | str) -> KernelOps:
+    """Triton on CUDA, the reference elsewhere."""
+    return TritonOps() if torch.device(device).type == "cuda" else ReferenceOps()
+
+
+def timed_host_ms(fn, *args) -> float:
+    """Run fn(*args) and return host wall time in ms (used where the op is synchronous: CPU)."""
+    start = time.perf_counter()
+    fn(*args)
+    return (time.perf_counter() - start) * 1e3

@@ -1,0 +1,89 @@
+"""The backend's configuration, read once from vLLM's `additional_config={"locks": {...}}`.
+
+    LLM(model, attention_backend="CUSTOM",
+        additional_config={"locks": {"format": "r8i4", "budget": 2048, "scorer": "locks"}})
+
+Every key is optional; unknown keys and bad values raise `ConfigError` naming the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..config import COMBINE_RULES, ConfigError, LocksConfig, SelectionConfig, SummaryFormat
+
+logger = logging.getLogger(__name__)
+
+ADDITIONAL_CONFIG_KEY = "locks"
+# Scorers the backend runs in one engine. "locks" reads packed summaries (fast path); the others
+# read the paged keys themselves (quality comparisons, eager only).
+BACKEND_SCORERS: tuple[str, ...] = ("locks", "oracle", "quest", "centroid")
+KEY_READING_SCORERS: frozenset[str] = frozenset({"oracle", "quest", "centroid"})
+_KEYS = ("format", "budget", "combine", "scorer", "debug_capture_layers")
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """The Locks method config plus backend-only switches.
+
+    debug_capture_layers: layer indices whose per-step decode inputs/outputs are kept for checks
+    (eager only; see `debug.py`). Empty in production.
+    """
+
+    locks: LocksConfig = field(default_factory=LocksConfig)
+    debug_capture_layers: tuple[int, ...] = ()
+
+    @property
+    def reads_keys(self) -> bool:
+        """True when the scorer reads keys directly (no summaries; not CUDA-graph safe)."""
+        return self.locks.scorer in KEY_READING_SCORERS
+
+    def describe(self) -> str:
+        sel = self.locks.selection
+        return (
+            f"scorer={self.locks.scorer} format={self.locks.summary} budget={sel.budget_tokens} "
+            f"(k={sel.page_budget} pages of {sel.page_size}) combine={sel.combine} "
+            f"debug_capture_layers={list(self.debug_capture_layers)}"
+        )
+
+
+def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
+    """The dict under additional_config["locks"] (or None) -> validated BackendSettings."""
+    if raw is None:
+        return BackendSettings()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f'additional_config["locks"] must be a dict, got {type(raw).__name__}; pass e.g. {{"budget": 2048}}')
+    unknown = sorted(set(raw) - set(_KEYS))
+    if unknown:
+        raise ConfigError(f'unknown key(s) {unknown} in additional_config["locks"]; allowed: {", ".join(_KEYS)}')
+    fmt = raw.get("format", "r8i4")
+    if not isinstance(fmt, str):
+        raise ConfigError(f"format must be a string like 'r8i4', got {fmt!r}")
+    budget = raw.get("budget", SelectionConfig().budget_tokens)
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise ConfigError(f"budget must be an integer number of tokens (e.g. 2048), got {budget!r}")
+    combine = raw.get("combine", "share_average")
+    if combine not in COMBINE_RULES:
+        raise ConfigError(f"combine rule {combine!r} unknown; use one of {', '.join(COMBINE_RULES)}")
+    scorer = raw.get("scorer", "locks")
+    if scorer not in BACKEND_SCORERS:
+        raise ConfigError(f"scorer {scorer!r} is not served by the vLLM backend; use one of {', '.join(BACKEND_SCORERS)}")
+    layers = raw.get("debug_capture_layers", ())
+    if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and i >= 0 for i in layers):
+        raise ConfigError(f"debug_capture_layers must be a list of layer indices, got {layers!r}")
+    locks = LocksConfig(
+        summary=SummaryFormat.parse(fmt),
+        selection=SelectionConfig(budget_tokens=budget, combine=combine),
+        scorer=scorer,
+    )
+    return BackendSettings(locks=locks, debug_capture_layers=tuple(layers))
+
+
+def settings_from_vllm_config(vllm_config: Any) -> BackendSettings:
+    """VllmConfig -> BackendSettings, from `vllm_config.additional_config["locks"]`."""
+    additional = getattr(vllm_config, "additional_config", None) or {}
+    if not isinstance(additional, Mapping):
+        raise ConfigError("additional_config must be a dict to carry Locks settings; pass additional_config={'locks': {...}}")
+    return parse_settings(additional.get(ADDITIONAL_CONFIG_KEY))
