@@ -54,6 +54,9 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+_BLOCK_TABLE_ALIGN = 64
+
+
 def decode_shape(vllm_config, head_dim: int, page_budget: int) -> DecodeShape:
     """Static decode sizes of an engine (workspaces and persistent buffers are allocated for them)."""
     model_config, parallel = vllm_config.model_config, vllm_config.parallel_config
@@ -62,7 +65,9 @@ def decode_shape(vllm_config, head_dim: int, page_budget: int) -> DecodeShape:
         num_q_heads=model_config.get_num_attention_heads(parallel),
         num_kv_heads=model_config.get_num_kv_heads(parallel),
         head_dim=head_dim,
-        max_pages=_cdiv(model_config.max_model_len, PAGE_SIZE),
+        # The runner's block table can be wider than cdiv(max_model_len, 16) (seen on the H200:
+        # 8216 columns for 8209 pages); the kernels check the workspace against the table's width.
+        max_pages=_cdiv(_cdiv(model_config.max_model_len, PAGE_SIZE), _BLOCK_TABLE_ALIGN) * _BLOCK_TABLE_ALIGN,
         page_budget=page_budget,
     )
 
