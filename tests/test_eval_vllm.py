@@ -1,0 +1,55 @@
+"""Engine (b) without a GPU: its LLM arguments are ones the Locks backend accepts, and it refuses
+to start without CUDA with one clear error."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from locks_toolkit.kernels.vllm_backend.settings import parse_settings
+from locks_toolkit.suites import engine_vllm
+from locks_toolkit.suites.arms import parse_arm
+from locks_toolkit.suites.engine_vllm import ByteTokenizer, VllmEngine, VllmUnavailableError
+from locks_toolkit.suites.eval_runner import Request
+
+
+def _engine(preset: bool) -> VllmEngine:
+    engine = VllmEngine.__new__(VllmEngine)  # skip the CUDA check: only the argument building is tested
+    engine.model_name, engine.preset, engine.combine = ("tiny-llama" if preset else "/models/x"), preset, "group_max"
+    engine.dummy_weights, engine.max_model_len, engine.gpu_memory_utilization = True, None, 0.5
+    return engine
+
+
+@pytest.mark.parametrize("label, budget", [("locks:r4i8", 256), ("quest", 64), ("oracle", 128), ("centroid", 512)])
+def test_sparse_arm_kwargs_parse_as_backend_settings(label, budget):
+    kwargs = _engine(preset=False)._llm_kwargs(Request(parse_arm(label), budget), max_len=5000)
+    assert kwargs["attention_backend"] == "CUSTOM" and kwargs["load_format"] == "dummy"
+    settings = parse_settings(kwargs["additional_config"]["locks"]).locks
+    assert settings.scorer == parse_arm(label).scorer
+    assert settings.selection.budget_tokens == budget and settings.selection.combine == "group_max"
+    assert kwargs["block_size"] == 16 and kwargs["max_model_len"] == 5000
+
+
+def test_dense_arm_uses_stock_backend_and_preset_gets_a_config_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    kwargs = _engine(preset=True)._llm_kwargs(Request(parse_arm("fullkv"), None), max_len=4200)
+    assert "attention_backend" not in kwargs and "additional_config" not in kwargs
+    assert kwargs["skip_tokenizer_init"] is True and kwargs["model"].endswith(tuple("0123456789abcdef"))
+
+
+def test_arm_the_backend_does_not_serve():
+    with pytest.raises(ValueError, match="not served by the vLLM backend"):
+        _engine(preset=False)._llm_kwargs(Request(parse_arm("moment"), 64), max_len=100)
+
+
+def test_no_cuda_is_one_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(VllmUnavailableError, match="needs a CUDA GPU"):
+        engine_vllm.load_vllm_engine("tiny-llama", dummy_weights=True)
+
+
+def test_byte_tokenizer_round_trip():
+    tokenizer = ByteTokenizer()
+    text = "The special magic number is 7421935.\nnext"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.encode("\n") == [ByteTokenizer.newline_id]
