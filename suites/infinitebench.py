@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .instances import Instance, Rendered, fitted_instances, format_prompt, make_instance
-from .jsonl import DataFileError, read_jsonl, require_field
+from .jsonl import DataFileError, read_jsonl, require_field, seeded_subset
 from .length_fit import CountTokens, middle_truncate
 from .task_spec import TaskSpec
 from .text_sources import NOISE_SENTENCES
@@ -142,9 +142,7 @@ def infinitebench_jsonl(
     """Real-text InfiniteBench records from `data_dir / spec.data_file`, context middle-truncated to fit."""
     path = data_dir / spec.data_file
     records = read_jsonl(path, SCHEMA)
-    keep = range(len(records))
-    if num_samples is not None and num_samples < len(records):
-        keep = sorted(random.Random(f"{seed}:{spec.name}").sample(range(len(records)), num_samples))
+    keep = seeded_subset(len(records), num_samples, seed, spec.name)
     budget = length_tokens - spec.max_new_tokens
     for index in keep:
         record = records[index]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,3 +41,10 @@ def require_field(record: Mapping[str, Any], names: Sequence[str], path: Path, i
         if name in record:
             return record[name]
     raise DataFileError(f"{path}: record {index} has no field {' / '.join(names)}. Expected {schema}")
+
+
+def seeded_subset(count: int, num_samples: int | None, seed: int, task: str) -> list[int]:
+    """Record indices to use, ascending: all of them, or a subset drawn from (seed, task) when smaller."""
+    if num_samples is None or num_samples >= count:
+        return list(range(count))
+    return sorted(random.Random(f"{seed}:{task}").sample(range(count), num_samples))

@@ -18,12 +18,11 @@ the reference answers; trec, triviaqa and samsum score only the first line of th
 from __future__ import annotations
 
 import functools
-import random
 from collections.abc import Iterator
 from pathlib import Path
 
 from .instances import Instance, Rendered, format_prompt, make_instance
-from .jsonl import DataFileError, read_jsonl, require_field
+from .jsonl import DataFileError, read_jsonl, require_field, seeded_subset
 from .length_fit import CountTokens, middle_truncate
 from .task_spec import TaskSpec
 
@@ -40,9 +39,7 @@ def longbench_jsonl(
     """LongBench records from `data_dir / spec.data_file`; a seeded subset when num_samples < the file's size."""
     path = data_dir / spec.data_file
     records = read_jsonl(path, SCHEMA)
-    keep = range(len(records))
-    if num_samples is not None and num_samples < len(records):
-        keep = sorted(random.Random(f"{seed}:{spec.name}").sample(range(len(records)), num_samples))
+    keep = seeded_subset(len(records), num_samples, seed, spec.name)
     budget = length_tokens - spec.max_new_tokens
     for index in keep:
         record = records[index]

@@ -17,12 +17,11 @@ after whitespace removal decides.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .instances import Instance, Rendered, make_instance
-from .jsonl import read_jsonl, require_field
+from .jsonl import read_jsonl, require_field, seeded_subset
 from .length_fit import CountTokens, LengthError
 from .task_spec import TaskSpec
 
@@ -91,10 +90,7 @@ def math_jsonl(
     """Problems from `data_dir / spec.data_file`; a seeded subset when num_samples < the file's size."""
     path = data_dir / spec.data_file
     records = read_jsonl(path, SCHEMA)
-    if num_samples is not None and num_samples < len(records):
-        keep = sorted(random.Random(f"{seed}:{spec.name}").sample(range(len(records)), num_samples))
-    else:
-        keep = list(range(len(records)))
+    keep = seeded_subset(len(records), num_samples, seed, spec.name)
     budget = length_tokens - spec.max_new_tokens
     for index in keep:
         record = records[index]

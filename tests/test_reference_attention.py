@@ -12,16 +12,10 @@ from locks_toolkit.kernels.reference.attention import attend_pages, paged_decode
 from locks_toolkit.kernels.reference.bounds import coverage, identity_terms
 from locks_toolkit.kernels.reference.score import exact_page_scores
 from locks_toolkit.kernels.reference.select import combine_group, select_pages
-from locks_toolkit.kernels.reference.testing import fresh_seed, gaussian_keys, generator, scrambled_paged_cache
+from locks_toolkit.kernels.reference.testing import gaussian_keys, scrambled_paged_cache
 
 B = 16
 
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    seed = fresh_seed()
-    print(f"seed={seed} (replay with LOCKS_TEST_SEED={seed})")
-    return generator(seed)
 
 
 def naive_decode(q, keys, values, seq_lens, scale, selected=None):

@@ -19,9 +19,7 @@ from locks_toolkit.kernels.reference.score import exact_page_scores, summary_pag
 from locks_toolkit.kernels.reference.select import combine_group, select_pages
 from locks_toolkit.kernels.reference.summary import build_page_summaries
 from locks_toolkit.kernels.reference.testing import (
-    fresh_seed,
     gaussian_keys,
-    generator,
     low_rank_keys,
     outlier_keys,
 )
@@ -29,12 +27,6 @@ from locks_toolkit.kernels.reference.testing import (
 B = 16
 CASES = [(64, 1, 13), (128, 4, 7), (256, 7, 37), (128, 8, 13)]  # (d, G, pages)
 
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    seed = fresh_seed()
-    print(f"seed={seed} (replay with LOCKS_TEST_SEED={seed})")
-    return generator(seed)
 
 
 def _keys(gen, kind, shape, dtype=torch.float64):

@@ -14,28 +14,19 @@ from locks_toolkit.kernels.reference.packing import (
     SummaryLayout,
     pack_int4,
     pack_summaries,
-    quantize_summaries,
     quantize_symmetric,
     unpack_int4,
     unpack_summaries,
 )
 from locks_toolkit.kernels.reference.summary import PageSummaries, build_page_summaries
 from locks_toolkit.kernels.reference.testing import (
-    fresh_seed,
     gaussian_keys,
-    generator,
     outlier_keys,
     quantization_error,
 )
 
 B = 16
 
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    seed = fresh_seed()
-    print(f"seed={seed} (replay with LOCKS_TEST_SEED={seed})")
-    return generator(seed)
 
 
 # locks.md §1.4: logical payload per (page, KV head) at B=16, d=128 (scales excluded).

@@ -12,16 +12,10 @@ import torch
 from locks_toolkit.kernels.reference.score import exact_page_scores, summary_page_scores
 from locks_toolkit.kernels.reference.select import combine_group, select_pages
 from locks_toolkit.kernels.reference.summary import build_page_summaries, reconstruct_keys
-from locks_toolkit.kernels.reference.testing import fresh_seed, gaussian_keys, generator
+from locks_toolkit.kernels.reference.testing import gaussian_keys
 
 B = 16
 
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    seed = fresh_seed()
-    print(f"seed={seed} (replay with LOCKS_TEST_SEED={seed})")
-    return generator(seed)
 
 
 @pytest.mark.parametrize("dim,groups", [(64, 1), (128, 4), (256, 7), (128, 8)])

@@ -11,17 +11,11 @@ import torch
 from locks_toolkit.kernels.config import SummaryFormat
 from locks_toolkit.kernels.reference.score import exact_page_scores
 from locks_toolkit.kernels.reference.selectors import fit_shared_basis, make_scorer, scorer_names
-from locks_toolkit.kernels.reference.testing import fresh_seed, gaussian_keys, generator, low_rank_keys
+from locks_toolkit.kernels.reference.testing import gaussian_keys, low_rank_keys
 
 B = 16
 ALL = ("oracle", "locks", "centroid", "quest", "moment", "shared_basis_sequence", "shared_basis_global")
 
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    seed = fresh_seed()
-    print(f"seed={seed} (replay with LOCKS_TEST_SEED={seed})")
-    return generator(seed)
 
 
 def test_registry_lists_every_selector_and_refuses_unknown_names():

@@ -6,16 +6,9 @@ import pytest
 import torch
 
 from locks_toolkit.kernels.reference.summary import ZERO_MODE_RTOL, build_page_summaries, reconstruct_keys
-from locks_toolkit.kernels.reference.testing import fresh_seed, gaussian_keys, generator, low_rank_keys
+from locks_toolkit.kernels.reference.testing import gaussian_keys, low_rank_keys
 
 B = 16
-
-
-@pytest.fixture
-def gen() -> torch.Generator:
-    seed = fresh_seed()
-    print(f"seed={seed} (replay with LOCKS_TEST_SEED={seed})")  # shown by pytest only on failure
-    return generator(seed)
 
 
 @pytest.mark.parametrize("dim", [64, 128, 256])

@@ -41,6 +41,7 @@ def cpu_kv_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class LocksCpuBuilder(LocksBuilderMixin, CPUAttentionMetadataBuilder):
+    locks_metadata_cls = LocksCpuMetadata
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         if kv_cache_spec.block_size != PAGE_SIZE or self.isa != "vec16":
@@ -50,25 +51,8 @@ class LocksCpuBuilder(LocksBuilderMixin, CPUAttentionMetadataBuilder):
             )
         self._locks_init(kv_cache_spec, layer_names, vllm_config, device, "cpu/CPU_ATTN")
 
-    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False) -> LocksCpuMetadata:
-        base = super().build(common_prefix_len, common_attn_metadata, fast_build)
-        metadata = LocksCpuMetadata.__new__(LocksCpuMetadata)
-        metadata.__dict__.update(base.__dict__)
-        metadata.locks = self._locks_step(common_attn_metadata)
-        return metadata
-
 
 class LocksCpuImpl(LocksImplMixin, CPUAttentionBackendImpl):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._locks_init()
-
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
-        return self._locks_forward(
-            layer, query, key, value, kv_cache, attn_metadata, output,
-            output_scale=output_scale, output_block_scale=output_block_scale,
-        )
-
     def _kv_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return cpu_kv_views(kv_cache)
 

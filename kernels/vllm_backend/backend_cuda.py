@@ -29,6 +29,7 @@ class LocksMetadata(FlashAttentionMetadata):
 
 
 class LocksBuilder(LocksBuilderMixin, FlashAttentionMetadataBuilder):
+    locks_metadata_cls = LocksMetadata
     # Decode graphs only: mixed batches run eagerly (stock FA3 for their prefill rows).
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_SINGLE_TOKEN_DECODE
     # Our step derives block ids from the block table: never reuse metadata across groups.
@@ -45,25 +46,8 @@ class LocksBuilder(LocksBuilderMixin, FlashAttentionMetadataBuilder):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self._locks_init(kv_cache_spec, layer_names, vllm_config, device, "cuda/FA3")
 
-    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False) -> LocksMetadata:
-        base = super().build(common_prefix_len, common_attn_metadata, fast_build)
-        metadata = LocksMetadata.__new__(LocksMetadata)
-        metadata.__dict__.update(base.__dict__)
-        metadata.locks = self._locks_step(common_attn_metadata)
-        return metadata
-
 
 class LocksImpl(LocksImplMixin, FlashAttentionImpl):
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._locks_init()
-
-    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
-        return self._locks_forward(
-            layer, query, key, value, kv_cache, attn_metadata, output,
-            output_scale=output_scale, output_block_scale=output_block_scale,
-        )
-
     def _kv_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         key_cache, value_cache = kv_cache.unbind(1)  # NHD: [num_blocks, 16, Hkv, d]
         return key_cache, value_cache

@@ -75,6 +75,15 @@ def decode_shape(vllm_config, head_dim: int, page_budget: int) -> DecodeShape:
 class LocksBuilderMixin:
     """Mixed into a vLLM metadata builder subclass; call _locks_init after the base __init__."""
 
+    locks_metadata_cls: type  # the subclass's metadata type: the base metadata plus `.locks`
+
+    def build(self, common_prefix_len, common_attn_metadata, fast_build: bool = False):
+        base = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        metadata = self.locks_metadata_cls.__new__(self.locks_metadata_cls)
+        metadata.__dict__.update(base.__dict__)
+        metadata.locks = self._locks_step(common_attn_metadata)
+        return metadata
+
     def _locks_init(self, kv_cache_spec, layer_names, vllm_config, device, backend_label: str) -> None:
         self.locks_settings = settings_from_vllm_config(vllm_config)
         self._init_reorder_batch_threshold(1)
@@ -190,6 +199,16 @@ def _stock_layer_reasons(vllm_config, layer_names) -> dict[str, str]:
 
 class LocksImplMixin:
     """Mixed into a vLLM attention impl subclass; the subclass supplies _kv_views and _stock_forward."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._locks_init()
+
+    def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None, output_block_scale=None):
+        return self._locks_forward(
+            layer, query, key, value, kv_cache, attn_metadata, output,
+            output_scale=output_scale, output_block_scale=output_block_scale,
+        )
 
     def _locks_init(self) -> None:
         from vllm.config import get_current_vllm_config  # noqa: PLC0415 - keep imports lazy
