@@ -21,6 +21,7 @@ from .arms import get_arm
 from .plan import DecodePlan
 from .presets import ModelGeometry, build_config, materialize_model, preset_names, read_model_dir_config
 from .store import append_record, cell_key, finished_keys, read_records
+from .weights import weights_from_config
 from .worker import EngineJob, child_main, run_job
 from .workload import Workload
 
@@ -109,12 +110,14 @@ def run_plan(plan: DecodePlan, command: str | None = None, on_event: Event | Non
     preflight(plan)
     model_dir, config, dummy, changes = resolve_model(plan)
     geometry = ModelGeometry.from_config(config, plan.dtype)
+    weights = weights_from_config(config, plan.dtype)
     provenance = prov.collect(command)
     done = finished_keys(read_records(plan.output))
     summary = RunSummary()
     plan_knobs = asdict(plan)
     plan_knobs["effective_max_model_len"] = plan.effective_max_model_len
-    model_info = {"dir": model_dir, "dummy_weights": dummy, "config_changes": changes, "geometry": asdict(geometry)}
+    model_info = {"dir": model_dir, "dummy_weights": dummy, "config_changes": changes, "geometry": asdict(geometry),
+                  "weights_config": weights}
 
     def write(cell: dict, status: str, reason: str, engine: dict | None, measurement: dict) -> None:
         """Envelope of docs/architecture.md around one cell's measurements; appended at once."""
@@ -150,7 +153,7 @@ def run_plan(plan: DecodePlan, command: str | None = None, on_event: Event | Non
                     continue
                 job = EngineJob(plan, arm_name, context, budget, tuple(todo), model_dir, dummy, geometry,
                                 int(config.get("vocab_size", 32000)),
-                                measure_ttft=min(todo) == min(plan.batch_sizes))
+                                measure_ttft=min(todo) == min(plan.batch_sizes), weights=weights)
                 on_event("job", {"arm": arm_name, "context": context, "budget": budget, "batches": list(todo)})
                 _run_job(job, todo, write)
     return summary

@@ -110,6 +110,18 @@ class EngineSession:
             log.debug("could not read the attention backend in use: %s", exc)
             return None
 
+    def model_weights(self, tied_embeddings: bool) -> dict | None:
+        """Parameter bytes of the model the runner built (harness/weights.py dict); None if unreachable."""
+        from .weights import weights_from_model
+
+        try:
+            core = self.engine.engine_core.engine_core
+            model = core.model_executor.driver_worker.worker.model_runner.get_model()
+            return weights_from_model(model, tied_embeddings)
+        except Exception as exc:  # noqa: BLE001 - internal layout differs by version/platform
+            log.debug("could not count the engine's model parameters: %s", exc)
+            return None
+
     # -- requests ----------------------------------------------------------------------------------
     def _prompt(self, context: int, tag: str):
         from vllm.inputs import TokensPrompt

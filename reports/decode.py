@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from . import markdown as md
+from .floor import KV_ONLY, PRESET, step_floor
 from .records import Record, dig, status_of
 from .schemas import is_dense_arm
 
@@ -78,6 +79,21 @@ def arm_label(arm: str, cell: Record) -> str:
     return " ".join(parts)
 
 
+def _harness_build_ms(record: Record) -> float:
+    """The harness's own build estimate; from records older than `build_method` only when it is positive
+    and above BUILD_SD_MULTIPLE sd of the steady TTFT repeats (else it is noise, even negative)."""
+    from ..harness.worker import BUILD_SD_MULTIPLE
+
+    build = record.get("build_ms")
+    if build is None:
+        return np.nan
+    if "build_method" in record:
+        return float(build)
+    sd = dig(record, "ttft_ms", "steady_sd")
+    significant = build > 0 and (sd is None or build > BUILD_SD_MULTIPLE * sd)
+    return float(build) if significant else np.nan
+
+
 def _row(record: Record) -> dict:
     cell = record.get("cell") or {}
     status, reason = status_of(record)
@@ -85,7 +101,8 @@ def _row(record: Record) -> dict:
     arm = str(cell.get("arm") or cell.get("backend") or "?")
     dense = is_dense_arm(arm, budget)
     tpot_mean = dig(record, "tpot_ms", "mean", default=np.nan)
-    floor_ms = record.get("floor_ms")
+    floor = step_floor(record)
+    counters = dig(record, "ttft_ms", "build_counters") or {}
     return {
         "model": str(cell.get("model") or "?"),
         "num_layers": cell.get("num_layers") if cell.get("num_layers") is not None else -1,
@@ -107,10 +124,16 @@ def _row(record: Record) -> dict:
         "tpot_n": dig(record, "tpot_ms", "n", default=np.nan),
         "ttft_mean": dig(record, "ttft_ms", "steady_mean", default=np.nan),
         "ttft_sd": dig(record, "ttft_ms", "steady_sd", default=np.nan),
-        "build_ms": record.get("build_ms") if record.get("build_ms") is not None else np.nan,
+        "build_ms": _harness_build_ms(record),
+        "build_counter_ms": counters.get("build_ms", np.nan),
+        "build_counter_calls": counters.get("eager_build_calls", np.nan),
+        "build_counter_summaries": counters.get("summaries_built", np.nan),
         "bytes_dense": dig(record, "bytes_per_step", "dense", default=np.nan),
         "bytes_locks": dig(record, "bytes_per_step", "locks", default=np.nan),
-        "floor_fraction": floor_ms / tpot_mean if floor_ms is not None and tpot_mean > 0 else np.nan,
+        "floor_fraction": floor.floor_ms / tpot_mean if tpot_mean > 0 else np.nan,
+        "floor_basis": floor.basis,
+        "floor_why": floor.why_kv_only,
+        "weights_bytes": floor.weights_bytes,
         "throughput_tok_s": record.get("throughput_tok_s") if record.get("throughput_tok_s") is not None else np.nan,
         **_guards(record),
     }
@@ -131,9 +154,23 @@ def decode_frame(records: Sequence[Record]) -> pd.DataFrame:
     fastest.columns = SETUP_KEYS + ["context_tokens", "batch_size", "dense_arm", "dense_tpot", "dense_throughput"]
     frame = frame.merge(fastest, on=SETUP_KEYS + ["context_tokens", "batch_size"], how="left")
     frame["speedup"] = np.where(frame["status"] == "ok", frame["dense_tpot"] / frame["tpot_mean"], np.nan)
+    frame = _with_dense_ttft(frame)
     order = SETUP_KEYS + ["context_tokens", "batch_size", "dense", "arm_label"]
     ascending = [True] * (len(order) - 2) + [False, True]  # dense arms first within a cell
     return frame.sort_values(order, ascending=ascending, kind="stable").reset_index(drop=True)
+
+
+def _with_dense_ttft(frame: pd.DataFrame) -> pd.DataFrame:
+    """`build_delta`: a sparse arm's steady TTFT minus the lowest steady TTFT of an ok dense arm of the
+    same (setup, context, batch), the prefill cost of a backend that builds summaries in every prefill."""
+    cell = SETUP_KEYS + ["context_tokens", "batch_size"]
+    dense = frame[frame["dense"] & (frame["status"] == "ok") & frame["ttft_mean"].notna()]
+    dense = dense.sort_values(cell + ["ttft_mean", "arm_label"]).drop_duplicates(cell, keep="first")
+    dense = dense[cell + ["arm_label", "ttft_mean"]].set_axis(cell + ["dense_ttft_arm", "dense_ttft"], axis=1)
+    frame = frame.merge(dense, on=cell, how="left")
+    frame["build_delta"] = np.where(~frame["dense"] & (frame["status"] == "ok"),
+                                    frame["ttft_mean"] - frame["dense_ttft"], np.nan)
+    return frame
 
 
 def setup_title(setup: tuple) -> str:
@@ -205,6 +242,42 @@ def _bytes_cell(row: pd.Series) -> str:
     return text
 
 
+def _build_cell(row: pd.Series, notes: md.Notes) -> str:
+    """Δ TTFT vs dense; the harness's own first-after-decode estimate instead where it published one."""
+    if row["dense"]:
+        return md.DASH
+    if not md.missing(row["build_ms"]):
+        text = md.fmt_num(row["build_ms"], 0) + notes.mark(
+            "Build ms measured by the harness: first prefill after a decode minus the steady TTFT (above 3 sd of "
+            "the steady repeats; the one-time build of a backend that builds summaries lazily), not Δ TTFT vs dense")
+    else:
+        text = md.fmt_num(row["build_delta"], 0)
+        if text != md.DASH:
+            text += f" (vs {row['dense_ttft_arm']})"
+    if not md.missing(row["build_counter_summaries"]):
+        text += notes.mark(
+            f"{cell_name(row)}: backend counters around one steady prefill: {int(row['build_counter_summaries'])} "
+            f"summaries built in {md.fmt_int(row['build_counter_calls'])} eager build calls, "
+            f"{md.fmt_num(row['build_counter_ms'], 1)} ms of build kernel time (CUDA events)")
+    return text
+
+
+def _floor_cell(row: pd.Series, notes: md.Notes) -> str:
+    text = md.fmt_pct(row["floor_fraction"])
+    if text == md.DASH:
+        return text
+    where = f"{row['model']} ({'all' if row['num_layers'] == -1 else row['num_layers']} layers)"
+    if row["floor_basis"] == KV_ONLY:
+        return text + " KV only" + notes.mark(
+            f"{where}: {row['floor_why']}, so Floor counts the attention bytes alone (KV only) and omits the "
+            "weights every step reads")
+    if row["floor_basis"] == PRESET:
+        return text + notes.mark(
+            f"{where}: the records predate bytes_per_step.weights; Floor counts {md.fmt_bytes(row['weights_bytes'])} "
+            "of weights per step computed from the model preset's geometry (harness/weights.py)")
+    return text
+
+
 def cell_columns(row: pd.Series, notes: md.Notes) -> dict[str, str]:
     """The ladder's columns of one cell, built in an order that numbers footnotes the same way each time."""
     ok = row["status"] == "ok"
@@ -217,15 +290,24 @@ def cell_columns(row: pd.Series, notes: md.Notes) -> dict[str, str]:
         "n": md.fmt_int(row["tpot_n"]) if ok else md.DASH,
         "Speedup": md.fmt_ratio(row["speedup"]),
         "Steady TTFT ms": md.fmt_pm(row["ttft_mean"], row["ttft_sd"], 1) if ok else md.DASH,
-        "Build ms": md.fmt_num(row["build_ms"], 0) if ok else md.DASH,
+        BUILD: _build_cell(row, notes) if ok else md.DASH,
         "KV bytes/step": _bytes_cell(row) if ok else md.DASH,
-        "Floor": md.fmt_pct(row["floor_fraction"]) if ok else md.DASH,
+        FLOOR: _floor_cell(row, notes) if ok else md.DASH,
         "Guards": guard_cell(row, notes),
     }
 
 
+BUILD = "Build ms (Δ TTFT vs dense)"
+FLOOR = "Floor (weights + KV)"
 LADDER_HEADER = ["Context", "Arm", "TPOT ms (mean ± sd)", "n", "Speedup", "Steady TTFT ms",
-                 "Build ms", "KV bytes/step", "Floor", "Guards"]
+                 BUILD, "KV bytes/step", FLOOR, "Guards"]
+LADDER_LEGEND = (
+    "Speedup is against the faster dense arm (lower TPOT) of the same context. "
+    f"{BUILD}: a sparse arm's steady TTFT minus the lowest steady TTFT of a dense arm of the same model, "
+    "context, batch and run setup (named in brackets), i.e. the summary build done inside every prefill. "
+    "KV bytes/step: attention bytes only (all KV for a dense arm; summaries scanned + selected pages for Locks). "
+    f"{FLOOR}: (weight bytes a step reads + KV bytes/step) / the measured copy bandwidth, as a share of the "
+    "measured TPOT.")
 
 
 def _align(header: list[str]) -> str:
@@ -245,9 +327,7 @@ def render_ladder(frame: pd.DataFrame, notes: md.Notes) -> str:
     ladder = frame[frame["batch_size"] == 1] if len(frame) else frame
     if ladder.empty:
         return ""
-    return "\n".join(["## Decode-efficiency ladder (batch 1)", "",
-                      "Speedup is against the faster dense arm of the same context; Floor is the bandwidth "
-                      "floor as a share of the measured TPOT.", *_tables(ladder, LADDER_HEADER, notes)])
+    return "\n".join(["## Decode-efficiency ladder (batch 1)", "", LADDER_LEGEND, *_tables(ladder, LADDER_HEADER, notes)])
 
 
 

@@ -18,10 +18,16 @@ locks.bench.decode/1  (one per (arm, model, context, batch) session)
     tpot_ms       {mean, sd, p50, p99, n}        over clean windows
     windows       [{step_ms[], lockstep_ok, clean, discard_reason,
                     throttle{available, ok, reasons_seen[], sm_clock_min_mhz, sm_clock_max_mhz}}]
-    ttft_ms       {steady_mean, steady_sd, n}
-    build_ms      one-time summary build of the prompt (sparse arms)
-    bytes_per_step {dense, locks}                KV bytes read per decode step
-    floor_ms      bandwidth floor of this arm's bytes per step (floor fraction = floor_ms / tpot mean)
+    ttft_ms       {steady_mean, steady_sd, n, first_after_decode, steady[], build_counters{} (sparse arms:
+                   backend counter deltas around one steady prefill)}
+    build_ms      one-time summary build (first prefill after decode - steady mean), null unless above
+                  3 sd of the steady samples; build_method says how it was set or why it is null.
+                  The ladder shows it when set, else steady TTFT - the lowest dense steady TTFT (Δ TTFT vs dense)
+    bytes_per_step {dense, locks, weights, step_bytes, bandwidth_bytes_per_s}   bytes read per decode step:
+                   attention (KV or Locks) and weights (all but an untied input embedding table)
+    floor_ms      bandwidth floor of this arm's attention bytes alone
+    step_floor_ms (weights + attention bytes) / bandwidth; the ladder's Floor = step_floor_ms / tpot mean
+                  (records without it: weights from the model preset, else the attention-only floor, labelled)
     throughput_tok_s
     path_check    {required, ok, counters{}}     the sparse path really ran
 

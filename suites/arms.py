@@ -90,7 +90,7 @@ def parse_arms(texts: Sequence[str]) -> tuple[Arm, ...]:
         arm = parse_arm(text)
         arms.setdefault(arm.label, arm)
     if not arms:
-        raise ArmError(f"no arms given; pass e.g. --arms fullkv,oracle,locks:r8i4,quest,centroid")
+        raise ArmError("no arms given; pass e.g. --arms fullkv,oracle,locks:r8i4,quest,centroid")
     return tuple(arms.values())
 
 

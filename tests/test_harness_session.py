@@ -51,6 +51,10 @@ def test_cli_runs_the_cpu_engine_then_resumes(tmp_path):
         live = 256 + plan.settle_steps + plan.windows * plan.steps_per_window // 2
         geometry = ModelGeometry.from_config(build_config("tiny-llama", None, 1024)[0])
         assert record["bytes_per_step"]["dense"] == batch * live * geometry.kv_bytes_per_token
+        # vLLM's CPU linear layers are repacked outside named_parameters(): the formula's count is used
+        used, formula = record["engine"]["weights"], record["engine"]["weights_config"]
+        assert used["engine_parameters"] < formula["parameters"] and used["parameters"] == formula["parameters"]
+        assert record["bytes_per_step"]["weights"] == formula["read_per_step"]
     ttft = records[0]["ttft_ms"]
     assert ttft["n"] == plan.ttft_repeats and len(ttft["steady"]) == plan.ttft_repeats
     assert ttft["first_after_decode"] > 0 and records[1]["ttft_ms"] is None  # TTFT once per engine

@@ -15,7 +15,8 @@ from locks_toolkit.harness.arms import ARMS, Arm
 from locks_toolkit.harness.plan import load_plan
 from locks_toolkit.harness.presets import ModelGeometry, load_preset_config
 from locks_toolkit.harness.session import DecodeLog, EngineStall, PrefillLog
-from locks_toolkit.harness.worker import EngineJob, run_job
+from locks_toolkit.harness.weights import weights_from_config
+from locks_toolkit.harness.worker import BUILD_SD_MULTIPLE, EngineJob, build_estimate, run_job
 
 COUNTS = {"sparse_decode_rows": 0, "dense_fallback_rows": 0, "stock_decode_rows": 0, "summaries_built": 0}
 
@@ -28,6 +29,7 @@ class ScriptedSession:
     shrink_at_step: int | None = None
     boot_error: Exception | None = None
     measure_error: Exception | None = None
+    ttft_script: list[float] | None = None  # TTFTs of the "ttft-first" then "ttft" prefills, in order
 
     def __init__(self, plan, arm, model_dir, dummy, knobs, vocab_size):
         if self.boot_error is not None:
@@ -35,6 +37,10 @@ class ScriptedSession:
         self.plan, self.boot_s, self.block_size, self.engine_kwargs = plan, 0.01, 16, {"model": model_dir}
         self.steps = 0
         self.live: list[str] = []
+        self.ttfts = list(self.ttft_script or [])
+
+    def model_weights(self, tied_embeddings):
+        return None  # as when the engine's model is out of reach: the worker falls back to the config count
 
     def backend_in_use(self):
         return "SCRIPTED"
@@ -46,7 +52,12 @@ class ScriptedSession:
         if tag == "measure" and self.measure_error is not None:
             raise self.measure_error
         self.live = [f"{tag}-{i}" for i in range(batch)]
-        return PrefillLog(list(self.live), ttft_ms=10.0 + (5.0 if tag == "ttft-first" else 0.0), step_ms=[10.0])
+        COUNTS["summaries_built"] += batch * (context // 16)  # as our backend: every prefill builds its pages
+        if tag.startswith("ttft") and self.ttfts:
+            ttft = self.ttfts.pop(0)
+        else:
+            ttft = 10.0 + (5.0 if tag == "ttft-first" else 0.0)
+        return PrefillLog(list(self.live), ttft_ms=ttft, step_ms=[10.0])
 
     def decode(self, request_ids, steps, on_step=None):
         log = DecodeLog()
@@ -78,7 +89,7 @@ def scripted(monkeypatch):
     monkeypatch.setattr(session_module, "EngineSession", ScriptedSession)
     monkeypatch.setattr(nvml, "sample", lambda: None)  # as on a machine without NVML, GPU or not
     monkeypatch.setattr(nvml, "gpu_info", lambda: None)
-    for name in ("fallback_at_step", "shrink_at_step", "boot_error", "measure_error"):
+    for name in ("fallback_at_step", "shrink_at_step", "boot_error", "measure_error", "ttft_script"):
         monkeypatch.setattr(ScriptedSession, name, None)
     return ScriptedSession
 
@@ -87,8 +98,9 @@ def _job(arm, batches, budget=None, context=4096):
     plan = load_plan(None, {"model": "glm-4-9b-chat-1m", "arms": "cpu", "contexts": context, "batch_sizes": batches,
                             "windows": 3, "steps_per_window": 8, "ramp_min_steps": 2, "ramp_max_steps": 4,
                             "ttft_repeats": 3})
-    geometry = ModelGeometry.from_config(load_preset_config("glm-4-9b-chat-1m"))
-    return EngineJob(plan, arm, context, budget, tuple(batches), "/nowhere", True, geometry, 151552, True)
+    config = load_preset_config("glm-4-9b-chat-1m")
+    return EngineJob(plan, arm, context, budget, tuple(batches), "/nowhere", True, ModelGeometry.from_config(config),
+                     151552, True, weights=weights_from_config(config))
 
 
 def _run(job):
@@ -108,6 +120,8 @@ def test_dense_cells_and_the_oom_frontier(scripted, monkeypatch):
     assert cells[8]["status"] == "oom" and "frontier" in cells[8]["reason"]
     assert cells[1]["tpot_ms"]["n"] == 24 and cells[1]["ttft_ms"]["n"] == 3
     assert cells[2]["ttft_ms"] is None and cells[1]["build_ms"] is None  # dense arm: no summary build
+    assert cells[1]["build_method"] == "dense arm: no summaries to build"
+    assert cells[1]["ttft_ms"]["build_counters"] is None  # the dense arm exposes no counters
     assert cells[1]["path_check"] == {"required": False, "ok": True, "status": "not_applicable", "counters": None}
     assert messages[0]["info"]["backend_in_use"] == "SCRIPTED"
 
@@ -117,7 +131,43 @@ def test_sparse_arm_verified_by_its_counters(scripted):
     assert cell["status"] == "ok", cell["reason"]
     assert cell["path_check"]["ok"] and cell["path_check"]["counters"]["sparse_decode_rows"] == 2 * 3 * 8
     assert cell["bytes_per_step"]["locks"] < cell["bytes_per_step"]["dense"] / 5
-    assert cell["build_ms"] == pytest.approx(5.0)  # first prefill after decode minus the steady mean
+    assert cell["build_ms"] == pytest.approx(5.0)  # first prefill after decode minus the steady mean (sd 0)
+    assert cell["build_method"].startswith("first prefill after decode minus steady mean (5.0 ms) exceeds")
+
+
+def test_a_build_within_the_noise_of_steady_ttft_is_not_published(scripted, monkeypatch):
+    # Our backend's shape: the first prefill after decode is no slower than the steady ones (-11 ms on the H200).
+    monkeypatch.setattr(scripted, "ttft_script", [1544.7, 1557.1, 1552.9, 1557.5])
+    (engine, cell, done) = _run(_job("fake-locks", [1], budget=2048, context=32768))
+    ttft = cell["ttft_ms"]
+    assert ttft["first_after_decode"] == 1544.7 and ttft["steady"] == [1557.1, 1552.9, 1557.5]
+    assert ttft["first_minus_steady_ms"] == pytest.approx(1544.7 - (1557.1 + 1552.9 + 1557.5) / 3)
+    assert cell["build_ms"] is None and cell["build_method"].startswith("not significant: ")
+    # the counters read around one steady prefill hold that prefill's summary work: 2048 pages
+    assert ttft["build_counters"]["summaries_built"] == 32768 // 16
+    assert ttft["build_counters"]["sparse_decode_rows"] == 0
+
+
+def test_build_estimate_threshold_is_sd_multiple_of_the_steady_samples():
+    steady = [100.0, 104.0, 96.0]  # mean 100, sd 4
+    ttft = {"steady": steady, "steady_mean": 100.0, "steady_sd": 4.0}
+    just_over = 100.0 + BUILD_SD_MULTIPLE * 4.0 + 0.5
+    assert build_estimate({**ttft, "first_after_decode": just_over}, sparse=True)[0] == pytest.approx(just_over - 100.0)
+    assert build_estimate({**ttft, "first_after_decode": just_over - 1.0}, sparse=True)[0] is None
+    assert build_estimate({**ttft, "first_after_decode": 250.0}, sparse=False) == (None, "dense arm: no summaries to build")
+    one = build_estimate({"steady": [100.0], "steady_mean": 100.0, "steady_sd": 0.0, "first_after_decode": 900.0}, True)
+    assert one[0] is None and "at least 2" in one[1]
+
+
+def test_step_floor_adds_the_weights_the_step_reads(scripted):
+    (engine, cell, done) = _run(_job("fake-locks", [1], budget=2048, context=32768))
+    traffic = cell["bytes_per_step"]
+    config_weights = weights_from_config(load_preset_config("glm-4-9b-chat-1m"))
+    assert engine["info"]["weights"] == config_weights  # no engine model here: the config count is used
+    assert traffic["weights"] == config_weights["read_per_step"] and traffic["weights_source"].startswith("config")
+    assert traffic["step_bytes"] == traffic["weights"] + traffic["locks"]
+    assert cell["step_floor_ms"] == pytest.approx(traffic["step_bytes"] / traffic["bandwidth_bytes_per_s"] * 1e3)
+    assert cell["floor_ms"] == pytest.approx(traffic["locks"] / traffic["bandwidth_bytes_per_s"] * 1e3)  # attention only
 
 
 def test_dense_fallback_in_a_timed_window_refuses_the_cell(scripted, monkeypatch):

@@ -62,6 +62,10 @@ def test_ladder_golden():
     check_golden("ladder.md", section(render_ladder, decode_frame(records("decode"))))
 
 
+def test_ladder_with_weights_and_build_golden():
+    check_golden("ladder_weights.md", section(render_ladder, decode_frame(records("decode_weights"))))
+
+
 def test_grid_golden():
     check_golden("grid.md", section(render_grid, decode_frame(records("decode"))))
 
@@ -312,10 +316,68 @@ def test_guard_summary_is_used_when_raw_windows_are_absent():
     del record["windows"]
     record["guards"] = {"clean_windows": 2, "windows": 3, "lockstep": "pass", "throttle": "fail", "deployed": "not_applicable"}
     notes = md.Notes()
-    assert "throttled (2/3)[^1]" in render_ladder(decode_frame([record]), notes)
+    assert "throttled (2/3)[^" in render_ladder(decode_frame([record]), notes)
+    assert "1 throttled" in notes.render()
 
 
 @pytest.mark.parametrize("schema", [DECODE, KERNEL, EVAL, MICROSCOPE])
 def test_bare_records_render_with_dashes_not_crashes(schema):
     text = render_report([{"schema": schema, "status": "ok"}, {"schema": schema}])
     assert "no status field" in text  # the record without a status is an error cell with its footnote
+
+
+# --- build cost and the step floor (tests/fixtures/decode_weights.jsonl: the H200 FA3/Locks pair, the 32k
+# cells rewritten as the current harness writes them, plus a local model the report cannot know) --------
+
+
+def test_build_is_the_steady_ttft_above_the_fastest_dense_prefill():
+    weights_records = records("decode_weights")
+    frame = decode_frame(weights_records)
+    steady = {(r["cell"]["model"], r["cell"]["arm"], r["cell"]["context_tokens"]): r["ttft_ms"]["steady_mean"]
+              for r in weights_records}
+    for context in (32768, 131072):
+        locks = _cell(frame[frame["model"] == "glm-4-9b-chat-1m"], "locks r8i4 b=2048", context, 1)
+        expected = steady[("glm-4-9b-chat-1m", "locks", context)] - steady[("glm-4-9b-chat-1m", "fa3", context)]
+        assert locks["build_delta"] == pytest.approx(expected) and locks["dense_ttft_arm"] == "fa3"
+        assert math.isnan(locks["build_ms"])  # 32k: null with a reason; 128k: the old record's -16 ms is noise
+    lazy = _cell(frame, "locks-kv r8i4 b=2048", 32768, 1)
+    assert lazy["build_ms"] == pytest.approx(250.0)  # a harness estimate above 3 sd is kept, and marked
+    notes = md.Notes()
+    table = render_ladder(frame, notes)
+    assert f"| {expected:.0f} (vs fa3) |" in table and "| 250[^" in table
+    assert "81920 summaries built in 160 eager build calls, 41.3 ms" in notes.render()
+
+
+def test_dense_reference_for_build_is_the_lower_steady_ttft_not_the_lower_tpot():
+    fa3, locks = [r for r in records("decode_weights") if r["cell"]["model"] == "glm-4-9b-chat-1m"
+                  and r["cell"]["context_tokens"] == 32768]
+    other = json.loads(json.dumps(fa3))
+    other["cell"].update(arm="flashinfer", backend="FLASHINFER")
+    other["tpot_ms"]["mean"] = 20.0  # slower decode, faster prefill
+    other["ttft_ms"]["steady_mean"] = 1300.0
+    row = _cell(decode_frame([fa3, other, locks]), "locks r8i4 b=2048", 32768, 1)
+    assert row["dense_arm"] == "fa3" and row["dense_ttft_arm"] == "flashinfer"
+    assert row["build_delta"] == pytest.approx(locks["ttft_ms"]["steady_mean"] - 1300.0)
+
+
+def test_floor_counts_the_weights_a_step_reads():
+    from locks_toolkit.harness.presets import load_preset_config
+    from locks_toolkit.harness.weights import weights_from_config
+
+    weights_records = records("decode_weights")
+    frame = decode_frame(weights_records)
+    by_cell = {(r["cell"]["model"], r["cell"]["arm"], r["cell"]["context_tokens"]): r for r in weights_records}
+    glm = frame[frame["model"] == "glm-4-9b-chat-1m"]
+    recorded = by_cell[("glm-4-9b-chat-1m", "locks", 32768)]
+    row = _cell(glm, "locks r8i4 b=2048", 32768, 1)
+    assert row["floor_basis"] == "recorded"
+    assert row["floor_fraction"] == pytest.approx(recorded["step_floor_ms"] / recorded["tpot_ms"]["mean"])
+    old = by_cell[("glm-4-9b-chat-1m", "locks", 131072)]  # no weights recorded: the preset supplies them
+    weights = weights_from_config(load_preset_config("glm-4-9b-chat-1m"))["read_per_step"]
+    row = _cell(glm, "locks r8i4 b=2048", 131072, 1)
+    floor_ms = (weights + old["bytes_per_step"]["locks"]) / 4.23e12 * 1e3
+    assert row["floor_basis"] == "preset" and row["floor_fraction"] == pytest.approx(floor_ms / old["tpot_ms"]["mean"])
+    unknown = by_cell[("/models/mystery-7b", "fa3", 32768)]
+    row = _cell(frame[frame["model"] == "/models/mystery-7b"], "fa3", 32768, 1)
+    assert row["floor_basis"] == "kv_only" and row["floor_fraction"] == pytest.approx(unknown["floor_ms"] / unknown["tpot_ms"]["mean"])
+    assert "8% KV only[^" in render_ladder(frame, md.Notes())
