@@ -133,6 +133,7 @@ class SelectCase:
     combine: str = "share_average"
     num_kv_heads: int = 2
     identical_pages: bool = False  # every page holds the same keys: all scores tie, lower ids must win
+    workspace_group: int | None = None  # allocate the workspace for this larger G (more padded head slots)
 
 
 def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.dtype = torch.float32) -> CheckResult:
@@ -156,7 +157,7 @@ def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.
     scale = d**-0.5
     seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32)
     selected = torch.full((S, Hkv, k), -7, dtype=torch.int32, device=device)
-    ws = ops.score_select_workspace(S, Hkv, max_pages, device, group_size=G)
+    ws = ops.score_select_workspace(S, Hkv, max_pages, device, group_size=case.workspace_group or G)
     for buf in (ws.scores, ws.chunk_max, ws.chunk_sum):
         buf.fill_(float("nan"))
     for buf in (ws.keys, ws.cand_low, ws.cand_page):
@@ -260,6 +261,18 @@ SELECT_CASES = [
     SelectCase((16 * 70 + 1, 16 * 12), group=8, head_dim=128, page_budget=9, num_kv_heads=3),
     SelectCase((16 * 2, 7, 16 * 3 + 1), group=4, head_dim=64, page_budget=4),  # every sequence dense
     SelectCase((16 * 29 + 3,), group=4, head_dim=64, page_budget=7, identical_pages=True),
+    # G not a power of two (head slots padded to next_pow2(G)) under every combine rule, and more d
+    SelectCase((77, 162, 49), group=3, head_dim=32, page_budget=4),  # the reported failing geometry
+    SelectCase((16 * 27 + 9, 16 * 13 + 1), group=3, head_dim=128, fmt="r8i8", combine="group_max"),
+    SelectCase((16 * 31 + 5,), group=3, head_dim=256, fmt="r4i4", combine="group_mass"),
+    SelectCase((16 * 33 + 7, 16 * 8 + 3), group=7, head_dim=128, page_budget=7),
+    SelectCase((16 * 25 + 1,), group=7, head_dim=256, fmt="r8fp", combine="group_mass", num_kv_heads=1),
+    SelectCase((16 * 21 + 13, 16 * 17), group=5, head_dim=64, combine="group_max", workspace_group=9),
+    SelectCase((16 * 15 + 3,), group=3, head_dim=64, page_budget=5, identical_pages=True),
+    SelectCase((16 * 19 + 3,), group=1, head_dim=256, combine="group_max"),
+    SelectCase((16 * 17 + 5,), group=1, head_dim=64, fmt="r4i8", combine="group_mass", num_kv_heads=3),
+    SelectCase((16 * 23 + 1, 16 * 11 + 9), group=4, head_dim=128, combine="group_mass"),
+    SelectCase((16 * 26 + 15,), group=8, head_dim=64, fmt="r8i8", combine="group_max"),
 ]
 # Enough pages that the threshold bin is crowded; bf16 queries.
 MANY_PAGES_CASE = SelectCase((16 * 1500 + 7,), group=4, head_dim=64, fmt="r2i4", page_budget=64, num_kv_heads=1)
@@ -270,6 +283,8 @@ DECODE_CASES = [
     DecodeCase((16 * 21 + 3, 16 * 5 + 2), group=8, head_dim=256, page_budget=9, num_kv_heads=1),
     DecodeCase((16 * 6 + 7, 5, 16 * 3), group=4, head_dim=64, page_budget=None),  # dense: every page
     DecodeCase((16 * 5 + 1, 16), group=8, head_dim=128, page_budget=None, num_kv_heads=1),
+    DecodeCase((16 * 7 + 3, 16 * 4 + 13), group=3, head_dim=256, page_budget=4),  # padded head slots
+    DecodeCase((16 * 10 + 7,), group=7, head_dim=128, page_budget=None),
 ]
 
 
@@ -280,6 +295,7 @@ def gpu_smoke_checks(device: str, seed: int) -> list[CheckResult]:
         check_build(device, "r4fp", 64, torch.float32, seed + 1, low_rank=3),
         check_score_select(device, SelectCase((16 * 40 + 3, 16 * 7, 16 * 23), 8, 128), seed + 2, torch.bfloat16),
         check_score_select(device, SelectCase((16 * 300 + 9, 16 * 129), 4, 128, page_budget=128), seed + 3, torch.bfloat16),
+        check_score_select(device, SelectCase((16 * 50 + 5, 16 * 9 + 3), 7, 128, page_budget=12), seed + 6, torch.bfloat16),
         check_decode(device, DecodeCase((16 * 40 + 3, 16 * 7 + 1), 8, 128), seed + 4),
         check_decode(device, DecodeCase((16 * 9 + 5,), 7, 64, page_budget=None), seed + 5),
     ]

@@ -110,9 +110,9 @@ def score_select(
     check(seq_lens.dtype == torch.int32 and seq_lens.shape == (num_seqs,), f"seq_lens must be int32 [{num_seqs}]")
     ws = workspace
     check(ws.max_pairs >= num_seqs * num_kv_heads and ws.max_pages >= block_table.shape[1]
-          and ws.group_slots >= next_pow2(group),
-          f"workspace (pairs {ws.max_pairs}, pages {ws.max_pages}, group slots {ws.group_slots}) is too small for "
-          f"S*Hkv={num_seqs * num_kv_heads}, max_pages={block_table.shape[1]}, G={group}; "
+          and ws.group_slots >= next_pow2(group) and ws.group_slots == next_pow2(ws.group_slots),
+          f"workspace (pairs {ws.max_pairs}, pages {ws.max_pages}, group slots {ws.group_slots}) does not fit "
+          f"S*Hkv={num_seqs * num_kv_heads}, max_pages={block_table.shape[1]}, G={group} (slots: a power of two >= G); "
           "rebuild it with score_select_workspace(max_num_seqs, Hkv, max_pages, device, group_size=G)")
     chunks = _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws)
     _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget)

@@ -221,9 +221,14 @@ def _keys_kernel(
         top = tl.max(c_max, axis=0)
         top_safe = tl.where(top == float("-inf"), 0.0, top)
         total = tl.sum(c_sum * tl.exp(c_max - top_safe[None, :]), axis=0)
-        log_norm = tl.where(gm, top_safe + tl.log(tl.where(gm, total, 1.0)), float("-inf"))  # [GS] log Z_g
+        # Heads with shares: the real ones (g < G; slots G..GS-1 only pad G to a power of two) with a
+        # positive normalizer. The others must add nothing under any rule (and not be counted by the
+        # average): their scores load as -inf, and -inf - log Z with log Z = -inf would be NaN.
+        has_mass = gm & (total > 0.0)
+        log_norm = top_safe + tl.log(tl.where(has_mass, total, 1.0))  # [GS] log Z_g, finite in every slot
         # Every rule's key is <= 0: log of a share (<= 1) or of a mass fraction.
         if RULE == 2:  # group_mass: logsumexp_g s - logsumexp over every (g, page)
+            log_norm = tl.where(has_mass, log_norm, float("-inf"))
             norm_max = tl.max(log_norm, axis=0)
             offset = norm_max + tl.log(tl.sum(tl.exp(log_norm - norm_max), axis=0))
         elif RULE == 0:  # share_average: log(mean_g share_g)
@@ -241,15 +246,18 @@ def _keys_kernel(
             sc = tl.load(score_rows + page[:, None] * GS + g[None, :], mask=pm[:, None] & gm[None, :], other=float("-inf"))
             if RULE == 2:
                 x = sc
-            else:
-                x = sc - log_norm[None, :]
+            else:  # log share per head; -inf (share 0) for heads without shares, as in the reference
+                x = tl.where(has_mass[None, :], sc - log_norm[None, :], float("-inf"))
             x_max = tl.max(x, axis=1)
             if RULE == 1:  # group_max: the largest share
                 key = x_max
             else:
                 x_safe = tl.where(x_max == float("-inf"), 0.0, x_max)
                 key = x_safe + tl.log(tl.where(pm, tl.sum(tl.exp(x - x_safe[:, None]), axis=1), 1.0))
-            key = tl.minimum(tl.maximum(key - offset, -64.0), 0.0)
+            key = key - offset
+            # NaN (from NaN inputs; the reference counts NaN as -inf) becomes the lowest key: a NaN cast
+            # to int would index the histogram out of bounds.
+            key = tl.minimum(tl.maximum(tl.where(key == key, key, -64.0), -64.0), 0.0)
             # Fixed point: 2^-24 steps of log share (finer than fp32 at |key| >= 1), 0 = share <= e^-64.
             fixed = (key * 16777216.0).to(tl.int32) + (1 << 30)
             fixed = tl.minimum(fixed, (1 << 30) - 1)
