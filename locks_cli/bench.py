@@ -113,7 +113,7 @@ def _run(plan, as_json: bool) -> None:
     from ..harness.provenance import reproduce_command
     from ..harness.store import cell_key, read_records
     from ..kernels.config import ConfigError
-    from ..reports.decode_table import decode_table
+    from ..reports.render import render_decode_run
 
     try:
         preflight(plan)  # before the live table, so a setup error is one clean line
@@ -147,7 +147,7 @@ def _run(plan, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(records, allow_nan=False, default=str))
     else:
-        typer.echo(decode_table(records), nl=False)
+        typer.echo(render_decode_run(records, title=f"Decode cells of this run ({plan.output})"), nl=False)
     errors = [r for r in finished if r["status"] == "error"]
     if errors:
         _stderr.print(f"[bold red]error:[/] {len(errors)} cell(s) failed; first: {errors[0].get('reason')}")

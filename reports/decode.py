@@ -94,6 +94,15 @@ def _harness_build_ms(record: Record) -> float:
     return float(build) if significant else np.nan
 
 
+def _tpot_cv(record: Record) -> float:
+    """sd/mean of the timed steps: the harness's `cv`, else derived from mean and sd (older records)."""
+    cv = dig(record, "tpot_ms", "cv")
+    if cv is not None:
+        return float(cv)
+    mean, sd = dig(record, "tpot_ms", "mean"), dig(record, "tpot_ms", "sd")
+    return float(sd) / float(mean) if mean and sd is not None else np.nan
+
+
 def _row(record: Record) -> dict:
     cell = record.get("cell") or {}
     status, reason = status_of(record)
@@ -122,6 +131,7 @@ def _row(record: Record) -> dict:
         "tpot_mean": tpot_mean,
         "tpot_sd": dig(record, "tpot_ms", "sd", default=np.nan),
         "tpot_n": dig(record, "tpot_ms", "n", default=np.nan),
+        "tpot_cv": _tpot_cv(record),
         "ttft_mean": dig(record, "ttft_ms", "steady_mean", default=np.nan),
         "ttft_sd": dig(record, "ttft_ms", "steady_sd", default=np.nan),
         "build_ms": _harness_build_ms(record),

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+import pandas as pd
+
 from . import markdown as md
 from .compare import render_comparison_tables
 from .decode import decode_frame, render_ladder, render_unpaired
 from .grid import render_grid
 from .kernel import kernel_frame, render_kernel
 from .microscope import microscope_frame, render_microscope
+from .noise import render_noise
 from .provenance import provenance_header
 from .quality import eval_frame, render_quality
 from .records import Record, RecordSet, RecordsError, split_by_schema
@@ -36,6 +39,21 @@ def _document(title: str, sections: list[str], notes: md.Notes) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def decode_sections(frame: pd.DataFrame, notes: md.Notes) -> list[str]:
+    """The decode tables (ladder, batched grid, unpaired batched cells, noise) that `locks report` and
+    `locks bench decode` share; together they show every cell, failed ones by a footnote with the reason."""
+    return [render_ladder(frame, notes), render_grid(frame, notes), render_unpaired(frame, notes), render_noise(frame)]
+
+
+def render_decode_run(records: Iterable[Record], title: str = "Decode cells") -> str:
+    """The closing summary of `locks bench decode`: the decode sections of `locks report` for these records."""
+    frame = decode_frame(split_by_schema(records).get(DECODE))
+    if frame.empty:
+        return "_no decode records_\n"
+    notes = md.Notes()
+    return _document(title, decode_sections(frame, notes), notes)
+
+
 def render_report(records: Iterable[Record], title: str = "Locks results") -> str:
     """Provenance, then every table the records support, then one footnote per cell that is not clean."""
     record_set = known_records(records)
@@ -43,9 +61,7 @@ def render_report(records: Iterable[Record], title: str = "Locks results") -> st
     decode = decode_frame(record_set.get(DECODE))
     sections = [
         provenance_header(record_set, notes),
-        render_ladder(decode, notes),
-        render_grid(decode, notes),
-        render_unpaired(decode, notes),
+        *decode_sections(decode, notes),
         render_kernel(kernel_frame(record_set.get(KERNEL)), notes),
         render_quality(eval_frame(record_set.get(EVAL)), notes),
         render_microscope(microscope_frame(record_set.get(MICROSCOPE)), notes),

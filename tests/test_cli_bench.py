@@ -1,4 +1,5 @@
-"""`locks bench decode` through typer's CliRunner: every command path, plus the end-of-run table."""
+"""`locks bench decode` through typer's CliRunner: every command path, plus the end-of-run summary
+(the decode sections of `locks report` for the cells of the run)."""
 
 import json
 
@@ -8,7 +9,7 @@ from typer.testing import CliRunner
 from locks_toolkit.harness import runner as harness_runner
 from locks_toolkit.harness.store import append_record, read_records
 from locks_toolkit.locks_cli.main import app
-from locks_toolkit.reports.decode_table import decode_table
+from locks_toolkit.reports.render import render_decode_run
 
 cli = CliRunner()
 
@@ -91,12 +92,19 @@ def test_missing_peer_plugin(monkeypatch, tmp_path):
     assert "needs the locks-kv-not-installed-here plugin" in result.stderr.replace("\n", " ")
 
 
+WEIGHT_BYTES, KV_BYTES, BANDWIDTH = 1.6e10, 2.7e9, 4.0e12  # step floor (1.6e10 + 2.7e9) / 4e12 s = 4.675 ms
+
+
 def _fake_record(cell, status="ok", mean=8.0, reason=""):
+    """A decode record in the shape the harness writes now (weights in the step floor, build_method)."""
     record = {"schema": "locks.bench.decode/1", "kind": "decode", "cell": cell, "status": status, "reason": reason}
     if status == "ok":
         record.update(tpot_ms={"mean": mean, "sd": mean * 0.02, "cv": 0.02, "p50": mean, "p99": mean * 1.1, "n": 192},
                       throughput_tok_s=1000 / mean, ttft_ms={"steady_mean": 1400.0, "steady_sd": 10.0},
-                      bytes_per_step={"dense": 2.7e9, "locks": None}, floor_ms=0.64, build_ms=None,
+                      bytes_per_step={"dense": KV_BYTES, "locks": None, "weights": WEIGHT_BYTES,
+                                      "bandwidth_bytes_per_s": BANDWIDTH},
+                      floor_ms=KV_BYTES / BANDWIDTH * 1e3, step_floor_ms=(WEIGHT_BYTES + KV_BYTES) / BANDWIDTH * 1e3,
+                      build_ms=None, build_method="dense arm: no summaries to build",
                       guards={"clean_windows": 3, "windows": 3, "lockstep": "pass", "throttle": "pass",
                               "deployed": "not_applicable"})
     return record
@@ -108,7 +116,8 @@ def _fake_run(statuses):
     def run_plan(plan, command=None, on_event=None):
         for i, arm in enumerate(plan.arms):
             cell = harness_runner.cell_identity(plan, arm, plan.contexts[0], 1, None, 40, True)
-            record = _fake_record(cell, statuses[i], 8.0 + i, "" if statuses[i] == "ok" else "engine died")
+            reason = "" if statuses[i] == "ok" else f"{arm} engine died: {statuses[i]}"
+            record = _fake_record(cell, statuses[i], 8.0 + i, reason)
             append_record(plan.output, record)
             on_event("job", {"arm": arm, "context": plan.contexts[0], "budget": None, "batches": [1]})
             on_event("record", record)
@@ -126,15 +135,55 @@ def fake_engine(monkeypatch):
     return install
 
 
-def test_run_prints_the_markdown_table(fake_engine, tmp_path):
+def _rows(text: str, first_column: str) -> list[list[str]]:
+    """The cells of every markdown table row whose first column is `first_column`."""
+    return [[c.strip() for c in line.strip("|").split(" | ")] for line in text.splitlines()
+            if line.startswith(f"| {first_column} |")]
+
+
+def _section(text: str, title: str) -> str:
+    """The body of the `## title` section (up to the next `## `)."""
+    assert f"\n## {title}\n" in text, f"the closing summary has no section {title!r}"
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+LADDER, NOISE, GRID = ("Decode-efficiency ladder (batch 1)", "Decode noise (TPOT sd/mean per arm)",
+                       "Batched grid (speedup vs the faster dense arm)")
+
+
+def _notes(text: str) -> str:
+    return _section(text, "Notes")
+
+
+def test_run_prints_the_report_ladder_and_the_noise_table(fake_engine, tmp_path):
     fake_engine(["ok", "ok"])
     out = tmp_path / "b.jsonl"
     result = _invoke("--arms", "fa3,flashinfer", "--contexts", "32k", "--out", str(out))
     assert result.exit_code == 0, result.output
-    table = [line for line in result.stdout.splitlines() if line.startswith("| glm")]
-    assert len(table) == 2 and "| fa3 | ok | 8.00 ± 0.16 |" in table[0] and "| flashinfer |" in table[1]
-    assert "median sd/mean" in result.stdout
+    text = result.stdout
+    assert str(out) in text.splitlines()[0]  # the title names the result file
+    assert "| Context | Arm | TPOT ms (mean ± sd) |" in text and "Build ms (Δ TTFT vs dense)" in text
+    ladder = _rows(_section(text, LADDER), "32k")
+    assert [row[1] for row in ladder] == ["fa3", "flashinfer"]
+    assert ladder[0][2:5] == ["8.00 ± 0.16", "192", "1.00×"] and ladder[1][2:5] == ["9.00 ± 0.18", "192", "0.89×"]
+    assert ladder[0][8] == "58%" and ladder[1][8] == "52%"  # Floor: 4.675 ms of weights + KV over the TPOT
+    noise = {row[0]: row[1:] for arm in ("fa3", "flashinfer") for row in _rows(_section(text, NOISE), arm)}
+    assert noise == {"fa3": ["1", "2.0%", "2.0%", "32k bs1"], "flashinfer": ["1", "2.0%", "2.0%", "32k bs1"]}
     assert len(read_records(out)) == 2
+
+
+def test_run_shows_failed_cells_with_their_reasons_and_exits_1(fake_engine, tmp_path):
+    fake_engine(["ok", "error", "refused"])
+    result = _invoke("--arms", "fa3,flashinfer,cpu", "--contexts", "32k", "--out", str(tmp_path / "b.jsonl"))
+    assert result.exit_code == 1
+    ladder = {row[1]: row for row in _rows(_section(result.stdout, LADDER), "32k")}
+    assert set(ladder) == {"fa3", "flashinfer", "cpu"}
+    assert ladder["flashinfer"][2].startswith("error[^") and ladder["cpu"][2].startswith("refused[^")
+    notes = _notes(result.stdout)
+    for arm, status in (("flashinfer", "error"), ("cpu", "refused")):
+        marker = ladder[arm][2][len(status):]
+        assert f"{marker}: decode " in notes and f"{arm} engine died: {status}" in notes
+    assert "1 cell(s) failed" in result.stderr and "rerun the same command" in result.stderr
 
 
 def test_run_json_and_error_exit(fake_engine, tmp_path):
@@ -146,24 +195,33 @@ def test_run_json_and_error_exit(fake_engine, tmp_path):
     assert "1 cell(s) failed" in result.stderr and "rerun the same command" in result.stderr
 
 
-def test_decode_table_orders_cells_and_keeps_the_newest_record():
+def test_closing_summary_orders_cells_keeps_the_newest_record_and_footnotes_every_failure():
     base = {"model": "glm-4-9b-chat-1m", "num_layers": 40, "graph_mode": "full_decode_only", "batch_size": 1,
             "budget_tokens": None}
     fa3_128k = {**base, "arm": "fa3", "context_tokens": 131072}
     fi_16k = {**base, "arm": "flashinfer", "context_tokens": 16384}
     locks_16k = {**base, "arm": "locks", "context_tokens": 16384, "budget_tokens": 2048}
+    fa3_128k_bs8 = {**fa3_128k, "batch_size": 8}
+    refusal = "deployed path, window 0: 3 dense | fallback rows"
     records = [_fake_record(fa3_128k, "error", reason="boom"), _fake_record(fa3_128k, mean=10.5),
-               _fake_record(locks_16k, "refused", reason="deployed path, window 0: 3 dense | fallback rows"),
-               _fake_record(fi_16k, mean=7.2), {"schema": "locks.eval/1", "cell": {}}]
-    lines = decode_table(records).splitlines()
-    rows = [line for line in lines if line.startswith("| glm")]
-    assert [row.split(" | ")[1:4] for row in rows] == [["16K", "1", "flashinfer"], ["16K", "1", "locks b=2048"],
-                                                        ["128K", "1", "fa3"]]
-    assert "refused: deployed path, window 0: 3 dense \\| fallback rows" in rows[1]
-    assert "10.50 ± 0.21" in rows[2]  # the newer ok record replaced the error
-    assert "| 1.00× |" in rows[0] and "| 1.00× |" in rows[2]
+               _fake_record(locks_16k, "refused", reason=refusal), _fake_record(fi_16k, mean=7.2),
+               _fake_record(fa3_128k_bs8, "oom", reason="CUDA out of memory at batch 8"),
+               {"schema": "locks.eval/1", "cell": {}}]
+    text = render_decode_run(records)
+    rows = _rows(_section(text, LADDER), "16k") + _rows(_section(text, LADDER), "128k")
+    assert [row[:2] for row in rows] == [["16k", "flashinfer"], ["16k", "locks b=2048"], ["128k", "fa3"]]
+    assert rows[1][2].startswith("refused[^") and rows[2][2] == "10.50 ± 0.21"  # the newer ok record replaced the error
+    assert rows[0][4] == "1.00×" and rows[2][4] == "1.00×"
+    assert rows[2][-1].startswith("rerun (3/3)[^")
+    notes = _notes(text)
+    assert refusal in notes and "CUDA out of memory at batch 8" in notes  # the batched OOM is not dropped
+    assert "boom" not in notes and "1 older record(s) of this cell superseded" in notes
+    assert _rows(_section(text, GRID), "128k")[0][2].startswith("—[^")  # the bs8 column: fa3's OOM
+    assert [row[0] for row in _rows(_section(text, NOISE), "fa3") + _rows(_section(text, NOISE), "flashinfer")] == [
+        "fa3", "flashinfer"]
     fa3_16k = _fake_record({**base, "arm": "fa3", "context_tokens": 16384}, mean=9.0)
     sparse_16k = _fake_record(locks_16k, mean=6.0)
-    rows = [line for line in decode_table(records + [fa3_16k, sparse_16k]).splitlines() if "| 16K |" in line]
-    assert "| 0.80× |" in rows[0] and "| 1.20× |" in rows[2]  # vs flashinfer's 7.2 ms, the faster dense arm
-    assert decode_table([]) == "_no decode records_\n"
+    rows = _rows(_section(render_decode_run(records + [fa3_16k, sparse_16k]), LADDER), "16k")
+    assert [row[1] for row in rows] == ["fa3", "flashinfer", "locks b=2048"]
+    assert rows[0][4] == "0.80×" and rows[2][4] == "1.20×"  # vs flashinfer's 7.2 ms, the faster dense arm
+    assert render_decode_run([]) == render_decode_run(records[-1:]) == "_no decode records_\n"

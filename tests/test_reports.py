@@ -25,6 +25,7 @@ from locks_toolkit.reports.decode import decode_frame, render_ladder
 from locks_toolkit.reports.grid import grid_frame, render_grid
 from locks_toolkit.reports.kernel import kernel_frame, render_kernel
 from locks_toolkit.reports.microscope import fidelity_table, microscope_frame, render_microscope
+from locks_toolkit.reports.noise import render_noise
 from locks_toolkit.reports.provenance import provenance_header
 from locks_toolkit.reports.quality import bootstrap_ci, eval_frame, quality_table, render_quality
 from locks_toolkit.reports.records import RecordsError, read_jsonl, split_by_schema
@@ -309,6 +310,33 @@ def test_batched_dense_only_cells_are_listed_not_dropped():
     assert "| 32k | 8 | fa3 | 9.10 ± 0.03 |" in text and "| 1m | 8 | fa3 | refused[^" in text
     only_bs8 = [r for r in records("decode") if r["cell"]["batch_size"] == 8]  # no batch-1 cell at all
     assert "**1.59×**" in render_report(only_bs8)
+
+
+def test_noise_is_the_median_and_max_sd_over_mean_per_arm():
+    rng = random.Random(11)
+    cells, expected = [], {}
+    for arm, budget in (("locks", 2048), ("fa3", None)):
+        cvs = []
+        for context in (16384, 32768, 131072):
+            record = json.loads(json.dumps(records("decode")[0]))
+            record["cell"].update(arm=arm, budget_tokens=budget, summary_format="r8i4" if budget else None,
+                                  context_tokens=context)
+            mean, sd = rng.uniform(5, 30), rng.uniform(0.01, 2)
+            record["tpot_ms"] = {"mean": mean, "sd": sd, "n": 30}  # no `cv`: derived from sd / mean
+            if context == 32768:
+                record["tpot_ms"]["cv"] = rng.uniform(0.01, 0.3)  # the harness's own value wins
+            cvs.append((record["tpot_ms"].get("cv", sd / mean), context))
+            cells.append(record)
+        worst = max(cvs)
+        expected[arm] = [f"{100 * sorted(cvs)[1][0]:.1f}%", f"{100 * worst[0]:.1f}%", f"{worst[1] >> 10}k bs1"]
+    failed = json.loads(json.dumps(cells[0]))
+    failed.update(status="oom", reason="no memory")
+    failed["cell"]["context_tokens"] = 1 << 20  # an OOM cell with timings is not counted
+    text = render_noise(decode_frame(cells + [failed]))
+    rows = [line.strip("|").split(" | ") for line in text.splitlines() if line.startswith(("| fa3 ", "| locks "))]
+    assert [row[0].strip() for row in rows] == ["fa3", "locks r8i4 b=2048"]  # dense arms first
+    assert [[c.strip() for c in row[1:]] for row in rows] == [["3", *expected["fa3"]], ["3", *expected["locks"]]]
+    assert render_noise(decode_frame([failed])) == "" and render_noise(decode_frame([])) == ""
 
 
 def test_guard_summary_is_used_when_raw_windows_are_absent():
