@@ -43,3 +43,23 @@ def test_build_of_a_constant_page_has_no_modes(device):
     assert torch.count_nonzero(summary.coefficients) == 0 and torch.count_nonzero(summary.basis) == 0
     assert torch.allclose(summary.centroid[0], key, atol=key.abs().max().item() / 127)
     assert bool((rows[0] == 0xAB).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("fmt", "head_dim", "dtype", "num_kv_heads", "num_pages", "low_rank"), [
+    ("r8i4", 128, torch.bfloat16, 3, 4, None),  # 15 (block, head) items: the last tile is partial
+    ("r8fp", 64, torch.float32, 1, 2, None),  # 3 items, one of them a skipped block id
+    ("r4i8", 64, torch.float32, 2, 3, 4),
+])
+def test_build_with_several_pages_per_program(device, fmt, head_dim, dtype, num_kv_heads, num_pages, low_rank,
+                                              monkeypatch):
+    """Two pages per program on a small case: tiles mix heads, blocks and -1 ids, and stop sweeping together."""
+    from locks_toolkit.kernels.triton import build
+
+    monkeypatch.setattr(build, "SMALL_BUILD_ITEMS", 0)
+    monkeypatch.setattr(build, "PAGES_PER_PROGRAM", 2)  # the tuning option the kernel bench can try
+    assert build.build_tile(1) == 2
+    result = check_build(device, fmt, head_dim, dtype, fresh_seed(), low_rank=low_rank,
+                         num_kv_heads=num_kv_heads, num_pages=num_pages)
+    print(result)
+    assert result.ok, str(result)

@@ -26,16 +26,18 @@ from ._common import FP32_EPS, RowConstants
 SM90 = GPUTarget("cuda", 90, 32)
 
 
-def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: int = 128) -> list[tuple]:
+def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: int = 128,
+           build_tile: int = _build.PAGES_PER_PROGRAM) -> list[tuple]:
     rc = RowConstants.of(SummaryLayout(SummaryFormat.parse(fmt), head_dim))
     rows = {"rows_u8": "*u8", "rows_i8": "*i8", "rows_f16": "*fp16"}
     gs = 1 << max(0, group - 1).bit_length()
     g_dot = gs
     return [
         (_build._build_kernel, {"k_ptr": "*bf16", "block_ids_ptr": "*i32", **rows},
-         dict(D=head_dim, DH_PAD=head_dim // 2, B=PAGE_SIZE, R=rc.rank, BITS=rc.basis_bits, COEF_OFF=rc.coef_offset,
-              BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset, USED=rc.used_bytes,
-              MAX_SWEEPS_C=_build.MAX_SWEEPS, EPS=FP32_EPS), 4),
+         dict(D=head_dim, DH_PAD=head_dim // 2, DC=min(_build.DIM_CHUNK, head_dim // 2), P=build_tile, B=PAGE_SIZE,
+              R=rc.rank, BITS=rc.basis_bits, COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset,
+              SCALE_OFF=rc.scales_offset, USED=rc.used_bytes, MAX_SWEEPS_C=_build.MAX_SWEEPS, EPS=FP32_EPS),
+         _build.NUM_WARPS),
         (_ss._score_kernel, {"q_ptr": "*bf16", **rows, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
                              "scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "scale": "fp32"},
          dict(G=group, G_DOT=g_dot, GS=gs, MAXC=_ss.MAX_CHUNKS, D=head_dim, D_PAD=head_dim, B=PAGE_SIZE, R=rc.rank,
@@ -45,9 +47,13 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
                             "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},
          dict(G=group, GS=gs, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=0, BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS,
               LOW_BITS=_ss.LOW_BITS), _ss.KEYS_WARPS),
-        (_ss._select_kernel, {"keys_ptr": "*i32", "hist_ptr": "*i32", "cand_low_ptr": "*i32", "cand_page_ptr": "*i32",
+        (_ss._gather_kernel, {"keys_ptr": "*i32", "hist_ptr": "*i32", "counts_ptr": "*i32", "cand_low_ptr": "*i32",
+                              "cand_page_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
+         dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS),
+         _ss.KEYS_WARPS),
+        (_ss._select_kernel, {"hist_ptr": "*i32", "counts_ptr": "*i32", "cand_low_ptr": "*i32", "cand_page_ptr": "*i32",
                               "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
-         dict(B=PAGE_SIZE, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS, SCAN=_ss.SELECT_SCAN,
+         dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS,
               K_PAD=1 << max(0, page_budget - 1).bit_length()), _ss.SELECT_WARPS),
         (_decode._sparse_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
                                          "seq_lens_ptr": "*i32", "sel_ptr": "*i32", "part_out_ptr": "*fp32",

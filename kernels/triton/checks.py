@@ -273,6 +273,8 @@ SELECT_CASES = [
     SelectCase((16 * 17 + 5,), group=1, head_dim=64, fmt="r4i8", combine="group_mass", num_kv_heads=3),
     SelectCase((16 * 23 + 1, 16 * 11 + 9), group=4, head_dim=128, combine="group_mass"),
     SelectCase((16 * 26 + 15,), group=8, head_dim=64, fmt="r8i8", combine="group_max"),
+    # all scores tie: more candidates than one select block, spread over many chunks; lowest ids win
+    SelectCase((16 * 700 + 5,), group=2, head_dim=32, page_budget=600, num_kv_heads=1, identical_pages=True),
 ]
 # Enough pages that the threshold bin is crowded; bf16 queries.
 MANY_PAGES_CASE = SelectCase((16 * 1500 + 7,), group=4, head_dim=64, fmt="r2i4", page_budget=64, num_kv_heads=1)

@@ -52,12 +52,15 @@ def build_summaries(
         return
     rc = RowConstants.of(layout)
     rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
-    _build._build_kernel[(block_ids.numel(), num_kv_heads)](
+    items = block_ids.numel() * num_kv_heads
+    pages = _build.build_tile(items)  # decode-time builds (few items): one page per program, lowest latency
+    _build._build_kernel[(cdiv(items, pages),)](
         k_cache, block_ids, rows_u8, rows_i8, rows_f16,
-        *k_cache.stride(), num_kv_heads, rc.row_bytes,
-        D=head_dim, DH_PAD=next_pow2(head_dim // 2), B=PAGE_SIZE, R=rc.rank, BITS=rc.basis_bits,
+        *k_cache.stride(), num_kv_heads, items, rc.row_bytes,
+        D=head_dim, DH_PAD=next_pow2(head_dim // 2), DC=min(_build.DIM_CHUNK, next_pow2(head_dim // 2)), P=pages,
+        B=PAGE_SIZE, R=rc.rank, BITS=rc.basis_bits,
         COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset, USED=rc.used_bytes,
-        MAX_SWEEPS_C=_build.MAX_SWEEPS, EPS=FP32_EPS, num_warps=4,
+        MAX_SWEEPS_C=_build.MAX_SWEEPS, EPS=FP32_EPS, num_warps=_build.NUM_WARPS,
     )
 
 
@@ -75,6 +78,7 @@ def score_select_workspace(
         hist=torch.zeros((pairs, _ss.HIST_BINS), dtype=torch.int32, device=device),  # kept zero between calls
         cand_low=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
         cand_page=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
+        counts=torch.zeros((pairs, _ss.MAX_CHUNKS + 1), dtype=torch.int32, device=device),  # kept zero between calls
     )
 
 
@@ -124,7 +128,8 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     group = num_q_heads // num_kv_heads
     rc = RowConstants.of(layout)
     pairs = num_seqs * num_kv_heads
-    chunks = max(1, min(_ss.MAX_CHUNKS, cdiv(4 * num_sms(device_index(q)), pairs), cdiv(block_table.shape[1], _ss.P_TILE)))
+    slots = _ss.SCORE_PROGRAMS_PER_SM * num_sms(device_index(q))
+    chunks = max(1, min(_ss.MAX_CHUNKS, slots // pairs, cdiv(block_table.shape[1], _ss.P_TILE)))
     rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
     _ss._score_kernel[(pairs, chunks)](
         q, rows_u8, rows_i8, rows_f16, block_table, seq_lens, ws.scores, ws.chunk_max, ws.chunk_sum,
@@ -139,7 +144,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
 
 
 def _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget) -> None:
-    """Kernels 2 and 3 of score_select (arguments already checked). The kernel bench times them alone."""
+    """Kernels 2-4 of score_select (arguments already checked). The kernel bench times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
     _ss._keys_kernel[(pairs, chunks)](
@@ -148,10 +153,16 @@ def _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_bu
         G=group, GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=_ss.COMBINE_CODES[combine],
         BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS, num_warps=_ss.KEYS_WARPS,
     )
+    _ss._gather_kernel[(pairs, chunks)](
+        ws.keys, ws.hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages,
+        num_kv_heads, ws.max_pages, chunks, page_budget,
+        B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS,
+        num_warps=_ss.KEYS_WARPS,
+    )
     _ss._select_kernel[(pairs,)](
-        ws.keys, ws.hist, ws.cand_low, ws.cand_page, seq_lens, selected_pages, num_kv_heads, ws.max_pages, page_budget,
-        B=PAGE_SIZE, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS, SCAN=_ss.SELECT_SCAN, K_PAD=next_pow2(page_budget),
-        num_warps=_ss.SELECT_WARPS,
+        ws.hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, num_kv_heads, ws.max_pages, chunks,
+        page_budget, B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS,
+        K_PAD=next_pow2(page_budget), num_warps=_ss.SELECT_WARPS,
     )
 
 

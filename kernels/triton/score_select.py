@@ -1,4 +1,4 @@
-"""Page scoring + GQA combine + top-k page selection (locks.md §2-3), in three launches.
+"""Page scoring + GQA combine + top-k page selection (locks.md §2-3), in four launches.
 
 Reference: `reference.score.summary_page_scores`, `reference.select.combine_group` (page_mask =
 the summarized pages, page < seq_len // B) and `reference.select.select_pages`.
@@ -15,13 +15,15 @@ the summarized pages, page < seq_len // B) and `reference.select.select_pages`.
    contested page's group key (the log of its share-average / group-max share / mass fraction,
    all <= 0; same order as the reference) as 30-bit fixed point (2^-24 steps), and adds its
    top-13-bit histogram into a per-(sequence, KV head) global histogram (atomics, 8192 bins).
-3. `_select_kernel`, grid (S * Hkv,): picks the threshold bin from that histogram, then ONE scan
-   of the keys writes every page above the bin and gathers the pages inside it; the remaining 17
-   bits are resolved among those candidates (9 + 8 bit histograms; ties to the lower page id, as
-   the reference), then sink + recent, sorted ascending. Pages <= k: every page, -1 padded
-   (dense fallback decided on the device). Bytes: 4*G read + 4*2 per contested page (+ candidates).
-   Key resolution: log shares below -64 (share < 2e-28) all tie at 0, and keys within 2^-24 in
-   log share tie; both go to the lower page id.
+3. `_gather_kernel`, grid (S * Hkv, num_chunks): each program re-derives the threshold bin from
+   the finished histogram, scans its chunk of keys, appends the pages above the bin to the output
+   (atomic slot counter) and compacts the pages inside it, in page order, into its own page range.
+   Bytes: 32 KB of histogram (L2) per program + 4 per contested page + 8 per candidate.
+4. `_select_kernel`, grid (S * Hkv,): the remaining 17 bits are resolved among the candidates
+   (9 + 8 bit histograms; ties to the lower page id, as the reference), then sink + recent, sorted
+   ascending. Its work does not grow with the context. Pages <= k: every page, -1 padded (dense
+   fallback decided on the device). Key resolution: log shares below -64 (share < 2e-28) all tie
+   at 0, and keys within 2^-24 in log share tie; both go to the lower page id.
 All scratch lives in `ScoreSelectWorkspace` (allocated once by the caller; CUDA-graph safe).
 """
 
@@ -33,13 +35,28 @@ import torch
 import triton
 import triton.language as tl
 
+# Cost model (r8i4, G=8, d=128; SASS from aot.py with the runtime's 16-byte divisibility hints): the
+# scorer is instruction-issue bound, not byte bound. At 6f19009 one tile (16 pages, 13.3 KB) took ~1690
+# instructions per thread x 8 warps; with 2 programs per SM that is ~6.8K issue cycles per SM per tile
+# pair (4 schedulers) = ~3.4 us per tile (H200: ~5-6 us, 12% of the byte floor), against 0.4 us to
+# stream the tile at 4.23 TB/s / 132 SMs. Now ~1400 (int4 decode without I2F, the G heads as the mma N
+# so no padded-row work, the coefficient contraction as a K=16 FMA dot: FP ops and MUFU/I2F at a
+# quarter rate roughly halved). Reaching the floor needs <= ~400 per thread per tile; what is left is
+# the int4 unpack + operand shuffles (PRMT/LOP3/LDS, ~550) and address/mask math.
 P_TILE = 16  # pages per tile: the N of every tl.dot
 MAX_CHUNKS = 64  # score programs per (sequence, KV head) at most; fixed by the workspace
 SCORE_WARPS = 8
 SCORE_MAXNREG = 128  # r8i4, G=8, d=128: 165 registers uncapped (1 program/SM); capped: 2 per SM, no spill
+# Score programs resident per SM (64K registers). The launch fills at most one wave: programs do equal
+# work, so 2.06 waves (bs8: 32 pairs x 17 chunks on 264 slots) take 3 waves' time, 1 wave of twice
+# the pages takes 2: the grid is floor(slots / pairs) chunks per pair.
+SCORE_PROGRAMS_PER_SM = 65536 // (SCORE_MAXNREG * SCORE_WARPS * 32)
 KEYS_BLOCK = 512  # pages per iteration of the key kernel
 KEYS_WARPS = 8
-SELECT_SCAN = 8192  # keys per iteration of the select scan: one iteration up to 128K tokens
+# Candidates (pages in the threshold bin, 2^-7 wide in log share: usually a handful) per iteration of
+# the select kernel's three resolve passes; tl.histogram costs elements x bins per lane (512 / 32).
+CAND_BLOCK = 256  # [CAND, MAX_CHUNKS] chunk lookup: 512 spills on sm_90 at 16 warps
+_CAND = tl.constexpr(CAND_BLOCK)  # as a global the jit reads it at compile time
 SELECT_WARPS = 16
 HIST_BINS = 8192  # top 13 of the 30 key bits; the select kernel resolves the low 17 bits among one bin
 LOW_BITS = 17
@@ -50,7 +67,8 @@ COMBINE_CODES = {"share_average": 0, "group_max": 1, "group_mass": 2}
 class ScoreSelectWorkspace:
     """Scratch of score_select (R = max_num_seqs * num_kv_heads, GS = next_pow2(G), C = MAX_CHUNKS):
     scores [R, maxP, GS] fp32, chunk_max/chunk_sum [R, C, GS] fp32, keys/cand_low/cand_page
-    [R, maxP] int32, hist [R, HIST_BINS] int32 (must start zeroed; every call leaves it zeroed)."""
+    [R, maxP] int32, hist [R, HIST_BINS] int32 and counts [R, C + 1] int32 (both must start zeroed;
+    every call leaves them zeroed: counts[:, C] is the above-slot counter, counts[:, :C] per-chunk counts)."""
 
     scores: torch.Tensor
     chunk_max: torch.Tensor
@@ -59,6 +77,7 @@ class ScoreSelectWorkspace:
     hist: torch.Tensor
     cand_low: torch.Tensor
     cand_page: torch.Tensor
+    counts: torch.Tensor
 
     @property
     def max_pairs(self) -> int:
@@ -80,6 +99,23 @@ def _mm(a, b, FP32: tl.constexpr):
         return tl.dot(a, b, input_precision="ieee")
     else:
         return tl.dot(a, b)
+
+
+@triton.jit
+def _nibble_value(n, DOT_T: tl.constexpr):
+    """int32 codes 0..15 -> (n - 8) in DOT_T, exactly, without an int-to-float conversion.
+
+    n goes into the mantissa of a float whose ulp is 1 (bf16 128, fp16 1024, fp32 2^23); one exact
+    subtraction then gives n - 8. The loop does 64 such conversions per thread per tile (r8i4, d=128):
+    as I2F (16/clk/SM on sm_90, a quarter of the ALU rate) they cost ~2K cycles per SM per tile pair,
+    about a third of the scorer's issue budget; OR + subtract run at full rate.
+    """
+    if DOT_T == tl.bfloat16:
+        return (n | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+    elif DOT_T == tl.float16:
+        return (n | 0x6400).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+    else:
+        return ((n | 0x4B000000).to(tl.float32, bitcast=True) - 8388616.0).to(DOT_T)
 
 
 @triton.jit
@@ -109,10 +145,13 @@ def _score_kernel(
     dm = d < D
     jh = tl.arange(0, D_PAD // 2)
     jhm = jh < D // 2
-    q_rows = q_ptr + s * s_qs + (h * G + g)[:, None] * s_qh
-    q_full = tl.load(q_rows + d[None, :], mask=gm[:, None] & dm[None, :], other=0.0).to(DOT_T)
-    q_even = tl.load(q_rows + 2 * jh[None, :], mask=gm[:, None] & jhm[None, :], other=0.0).to(DOT_T)
-    q_odd = tl.load(q_rows + 2 * jh[None, :] + 1, mask=gm[:, None] & jhm[None, :], other=0.0).to(DOT_T)
+    # q^T [d, G] is the B operand of every dot: pages x columns are M (a multiple of 16) and the G heads
+    # are N (8 for mma). With G as M the mma pads M=8 to 16 and the padding rows carry into the
+    # coefficient contraction, which then ran twice per element.
+    q_cols = q_ptr + s * s_qs + (h * G + g)[None, :] * s_qh
+    q_full = tl.load(q_cols + d[:, None], mask=dm[:, None] & gm[None, :], other=0.0).to(DOT_T)
+    q_even = tl.load(q_cols + 2 * jh[:, None], mask=jhm[:, None] & gm[None, :], other=0.0).to(DOT_T)
+    q_odd = tl.load(q_cols + 2 * jh[:, None] + 1, mask=jhm[:, None] & gm[None, :], other=0.0).to(DOT_T)
     tok = tl.arange(0, B)
 
     run_max = tl.full([G_DOT], float("-inf"), tl.float32)
@@ -122,7 +161,14 @@ def _score_kernel(
     n = tl.arange(0, P * RP)  # (page, basis column) pairs of a tile, column fastest
     n_page = n // RP
     n_col = n % RP
-    c3 = tl.arange(0, RP)
+    # The coefficient contraction is a batched fp32 dot (ieee: FMA, fp32 like the old sum over c) with K
+    # padded to 16 (tl.dot's minimum): column c of the coefficients sits at k = c * F, zeros between.
+    KC: tl.constexpr = 16 if RP < 16 else RP
+    F: tl.constexpr = KC // RP
+    c3 = tl.arange(0, KC)
+    c3_col = c3 // F
+    c3_ok = (c3 % F == 0) & (c3_col < R)
+    f_pad = tl.arange(0, F)
     for t in range(t_begin, t_end):
         page = t * P + tl.arange(0, P)
         pm = page < n_full
@@ -137,15 +183,15 @@ def _score_kernel(
         page3 = t * P + tl.arange(0, P)[:, None, None]
         blk3 = tl.load(block_table_ptr + s * s_bt + page3, mask=page3 < n_full, other=0).to(tl.int64)
         row3 = (blk3 * num_kv_heads + h) * row_bytes
-        coef_idx = tok[None, :, None] * R + c3[None, None, :]  # element index inside the [B, r] block
-        coef_mask = (page3 < n_full) & (c3 < R)[None, None, :]
+        coef_idx = tok[None, :, None] * R + c3_col[None, None, :]  # element index inside the [B, r] block
+        coef_mask = (page3 < n_full) & c3_ok[None, None, :]
         if BITS == 16:
             mu = tl.load(rows_f16 + row[:, None] // 2 + d[None, :], mask=pm[:, None] & dm[None, :], other=0.0)
             v = tl.load(rows_f16 + row_n[:, None] // 2 + BASIS_OFF // 2 + n_col[:, None] * D + d[None, :],
                         mask=nm[:, None] & dm[None, :], other=0.0)
             coef = tl.load(rows_f16 + (row3 + COEF_OFF) // 2 + coef_idx, mask=coef_mask, other=0.0).to(tl.float32)
-            q_mu = _mm(q_full, tl.trans(mu.to(tl.float32)), True)
-            vq = _mm(q_full, tl.trans(v.to(tl.float32)), True)  # [G_DOT, P*RP]
+            q_mu = _mm(mu.to(tl.float32), q_full, True)  # [P, G_DOT]
+            vq = _mm(v.to(tl.float32), q_full, True)  # [P*RP, G_DOT]
             tok_scale = tl.full([P, B], 1.0, tl.float32)
         else:
             f_scales = (row + SCALE_OFF) // 2
@@ -163,25 +209,26 @@ def _score_kernel(
                             mask=nm[:, None] & dm[None, :], other=0)
             mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
             if BITS == 4:
-                q_mu = _mm(q_full, tl.trans(mu.to(tl.float32).to(DOT_T)), FP32) * mu_scale[None, :]
-                low = ((packed & 15) - 8).to(tl.float32).to(DOT_T)  # dims 0, 2, 4, ...
-                high = ((packed >> 4) - 8).to(tl.float32).to(DOT_T)  # dims 1, 3, 5, ...
-                vq = _mm(q_even, tl.trans(low), FP32) + _mm(q_odd, tl.trans(high), FP32)
+                q_mu = _mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
+                low = _nibble_value(packed & 15, DOT_T)  # dims 0, 2, 4, ...
+                high = _nibble_value(packed >> 4, DOT_T)  # dims 1, 3, 5, ...
+                vq = _mm(low, q_even, FP32) + _mm(high, q_odd, FP32)
             else:
-                q_mu = _mm(q_full, tl.trans(mu.to(tl.float32).to(DOT_T)), FP32) * mu_scale[None, :]
-                vq = _mm(q_full, tl.trans(v.to(tl.float32).to(DOT_T)), FP32)
-            vq = vq * col_scale[None, :]
+                q_mu = _mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
+                vq = _mm(v.to(tl.float32).to(DOT_T), q_full, FP32)
+            vq = vq * col_scale[:, None]
             tok_scale = tok_scale.to(tl.float32)
-        # Coefficient contraction on CUDA cores: acc[g, p, i] = sum_c (V^T q)[g, p, c] * C[p, i, c].
-        acc = tl.sum(tl.reshape(vq, [G_DOT, P, 1, RP]) * coef[None, :, :, :], axis=3)
-        logits = (q_mu[:, :, None] + acc * tok_scale[None, :, :]) * scale  # [G_DOT, P, B]
-        page_max = tl.max(logits, axis=2)
-        score = page_max + tl.log(tl.sum(tl.exp(logits - page_max[:, :, None]), axis=2))  # [G_DOT, P]
-        score = tl.where(pm[None, :], score, float("-inf"))
-        out = scores_ptr + (pair.to(tl.int64) * max_pages + page[None, :]) * GS + g[:, None]
-        tl.store(out, score, mask=gm[:, None] & pm[None, :])
-        new_max = tl.maximum(run_max, tl.max(score, axis=1))
-        run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(score - new_max[:, None]), axis=1)
+        # Coefficient contraction on CUDA cores: acc[p, i, g] = sum_c (V^T q)[p, c, g] * C[p, i, c].
+        vq_pad = tl.where((f_pad == 0)[None, None, :, None], tl.reshape(vq, [P, RP, 1, G_DOT]), 0.0)
+        acc = tl.dot(coef, tl.reshape(vq_pad, [P, KC, G_DOT]), input_precision="ieee")  # [P, B, G_DOT]
+        logits = (q_mu[:, None, :] + acc * tok_scale[:, :, None]) * scale  # [P, B, G_DOT]
+        page_max = tl.max(logits, axis=1)
+        score = page_max + tl.log(tl.sum(tl.exp(logits - page_max[:, None, :]), axis=1))  # [P, G_DOT]
+        score = tl.where(pm[:, None], score, float("-inf"))
+        out = scores_ptr + (pair.to(tl.int64) * max_pages + page[:, None]) * GS + g[None, :]
+        tl.store(out, score, mask=pm[:, None] & gm[None, :])
+        new_max = tl.maximum(run_max, tl.max(score, axis=0))
+        run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(score - new_max[None, :]), axis=0)
         run_max = new_max
     part = (pair * MAXC + chunk) * GS + g
     tl.store(chunk_max_ptr + part, run_max, mask=g < GS)
@@ -267,12 +314,82 @@ def _keys_kernel(
 
 
 @triton.jit
-def _select_kernel(
-    keys_ptr, hist_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
-    num_kv_heads, max_pages, K,
-    B: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, SCAN: tl.constexpr, K_PAD: tl.constexpr,
+def _gather_kernel(
+    keys_ptr, hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
+    num_kv_heads, max_pages, num_chunks, K,
+    B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
 ):
-    """Top-(k-2) contested pages by key (ties to the lower page id) + sink + recent, ascending."""
+    """Pages above the threshold bin go straight to the output; pages inside it become candidates.
+
+    Same (pair, chunk) split as the key kernel, so the scan of every key is spread over the whole GPU
+    (it was one program per pair: ~2.9K instructions per thread per 8192 keys on one SM, 8 passes at 1M).
+    Each program re-derives the threshold bin from the finished histogram (32 KB, L2 hits). Above pages
+    are unordered (atomic slot counter; the select kernel sorts), candidates keep page order: chunk c
+    compacts them into its own page range [first_c, last_c) of cand_*, and its count goes to counts[c].
+    """
+    pair = tl.program_id(0)
+    chunk = tl.program_id(1)
+    s = pair // num_kv_heads
+    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
+    if num_pages > K:
+        hist = tl.load(hist_ptr + pair * NBINS + tl.arange(0, NBINS))
+        b1, _ = _pick_bin(hist, K - 2, NBINS)
+        recent = num_pages - 1
+        per_chunk = tl.cdiv(recent - 1, num_chunks)
+        first = 1 + chunk * per_chunk
+        last = tl.minimum(first + per_chunk, recent)
+        key_row = keys_ptr + pair.to(tl.int64) * max_pages
+        cand_low = cand_low_ptr + pair.to(tl.int64) * max_pages + first
+        cand_page = cand_page_ptr + pair.to(tl.int64) * max_pages + first
+        out_row = out_ptr + pair.to(tl.int64) * K
+        count_row = counts_ptr + pair * (MAXC + 1)
+        n_cand = 0
+        for start in range(first, last, BLOCK):
+            page = start + tl.arange(0, BLOCK)
+            pm = page < last
+            u = tl.load(key_row + page, mask=pm, other=0)
+            digit = u >> LOW_BITS
+            above = pm & (digit > b1)
+            inside = pm & (digit == b1)
+            n_up = tl.sum(above.to(tl.int32), axis=0)
+            if n_up > 0:  # fewer than k - 2 pages in all: the counter sees few atomics
+                base = tl.atomic_add(count_row + MAXC, n_up, sem="relaxed")
+                tl.store(out_row + 1 + base + tl.cumsum(above.to(tl.int32), axis=0) - 1, page, mask=above)
+            pos = n_cand + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+            tl.store(cand_low + pos, u & ((1 << LOW_BITS) - 1), mask=inside)
+            tl.store(cand_page + pos, page, mask=inside)
+            n_cand += tl.sum(inside.to(tl.int32), axis=0)
+        tl.store(count_row + chunk, n_cand)
+
+
+@triton.jit
+def _cand_block(cand_low, cand_page, seg_first, per_chunk, c_end, n_cand, f0, CAND: tl.constexpr):
+    """Candidates f0 .. f0+CAND-1 of the chunk lists laid end to end (chunk order = page order).
+
+    c_end [MAXC]: inclusive prefix sum of the per-chunk counts. Returns (low bits, page, valid) [CAND].
+    """
+    f = f0 + tl.arange(0, CAND)
+    done = c_end[None, :] <= f[:, None]  # [CAND, MAXC]: chunks wholly before f
+    c = tl.sum(done.to(tl.int32), axis=1)
+    c_start = tl.max(tl.where(done, c_end[None, :], 0), axis=1)
+    valid = f < n_cand
+    pos = seg_first + c * per_chunk + f - c_start
+    low = tl.load(cand_low + pos, mask=valid, other=0)
+    page = tl.load(cand_page + pos, mask=valid, other=0)
+    return low, page, valid
+
+
+@triton.jit
+def _select_kernel(
+    hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
+    num_kv_heads, max_pages, num_chunks, K,
+    B: tl.constexpr, MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr,
+):
+    """Resolves the threshold bin among its candidates (ties to the lower page id) + sink + recent, ascending.
+
+    Work is O(NBINS + candidates + k), independent of the context: the keys were scanned in parallel
+    by _gather_kernel. At bs1 this is a chain of ~6 dependent memory round trips on one SM per pair.
+    """
     pair = tl.program_id(0)
     s = pair // num_kv_heads
     num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
@@ -284,50 +401,34 @@ def _select_kernel(
         bins = tl.arange(0, NBINS)
         hist = tl.load(hist_ptr + pair * NBINS + bins)
         tl.store(hist_ptr + pair * NBINS + bins, tl.zeros([NBINS], tl.int32))  # zero again for the next call
-        b1, need = _pick_bin(hist, K - 2, NBINS)
+        _, need = _pick_bin(hist, K - 2, NBINS)
+        count_row = counts_ptr + pair * (MAXC + 1)
+        ch = tl.arange(0, MAXC)
+        c_end = tl.cumsum(tl.load(count_row + ch, mask=ch < num_chunks, other=0), axis=0)
+        n_cand = tl.sum(tl.where(ch == MAXC - 1, c_end, 0), axis=0)
+        n_above = tl.load(count_row + MAXC)
+        tl.store(count_row + MAXC, 0)  # the above-slot counter starts at zero on the next call
         recent = num_pages - 1
-        key_row = keys_ptr + pair.to(tl.int64) * max_pages
+        per_chunk = tl.cdiv(recent - 1, num_chunks)
         cand_low = cand_low_ptr + pair.to(tl.int64) * max_pages
         cand_page = cand_page_ptr + pair.to(tl.int64) * max_pages
-        # One scan: pages above the threshold bin are selected; pages inside it become candidates.
-        n_above = 0
-        n_cand = 0
-        for start in range(1, recent, SCAN):
-            page = start + tl.arange(0, SCAN)
-            pm = page < recent
-            u = tl.load(key_row + page, mask=pm, other=0)
-            digit = u >> LOW_BITS
-            above = pm & (digit > b1)
-            inside = pm & (digit == b1)
-            tl.store(out_row + 1 + n_above + tl.cumsum(above.to(tl.int32), axis=0) - 1, page, mask=above)
-            pos = n_cand + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-            tl.store(cand_low + pos, u & ((1 << LOW_BITS) - 1), mask=inside)
-            tl.store(cand_page + pos, page, mask=inside)
-            n_above += tl.sum(above.to(tl.int32), axis=0)
-            n_cand += tl.sum(inside.to(tl.int32), axis=0)
-        tl.debug_barrier()  # candidates were stored by other threads of this program
-        # Resolve the remaining LOW_BITS (= 9 + 8) bits among the candidates (usually one chunk).
+        # Resolve the remaining LOW_BITS (= 9 + 8) bits among the candidates (usually one block).
         MID: tl.constexpr = LOW_BITS - 8
         hist_mid = tl.zeros([1 << MID], tl.int32)
-        for c0 in range(0, n_cand, SCAN):
-            idx = c0 + tl.arange(0, SCAN)
-            low = tl.load(cand_low + idx, mask=idx < n_cand, other=0)
-            hist_mid += tl.histogram(low >> 8, 1 << MID, mask=idx < n_cand)
+        for f0 in range(0, n_cand, _CAND):
+            low, page, cm = _cand_block(cand_low, cand_page, 1, per_chunk, c_end, n_cand, f0, _CAND)
+            hist_mid += tl.histogram(low >> 8, 1 << MID, mask=cm)
         b2, need = _pick_bin(hist_mid, need, 1 << MID)
         hist_low = tl.zeros([256], tl.int32)
-        for c0 in range(0, n_cand, SCAN):
-            idx = c0 + tl.arange(0, SCAN)
-            low = tl.load(cand_low + idx, mask=idx < n_cand, other=0)
-            hist_low += tl.histogram(low & 255, 256, mask=(idx < n_cand) & ((low >> 8) == b2))
+        for f0 in range(0, n_cand, _CAND):
+            low, page, cm = _cand_block(cand_low, cand_page, 1, per_chunk, c_end, n_cand, f0, _CAND)
+            hist_low += tl.histogram(low & 255, 256, mask=cm & ((low >> 8) == b2))
         b3, need = _pick_bin(hist_low, need, 256)
         threshold = (b2 << 8) | b3
         written = 1 + n_above
         ties = 0
-        for c0 in range(0, n_cand, SCAN):
-            idx = c0 + tl.arange(0, SCAN)
-            cm = idx < n_cand
-            low = tl.load(cand_low + idx, mask=cm, other=0)
-            page = tl.load(cand_page + idx, mask=cm, other=0)
+        for f0 in range(0, n_cand, _CAND):
+            low, page, cm = _cand_block(cand_low, cand_page, 1, per_chunk, c_end, n_cand, f0, _CAND)
             tie = cm & (low == threshold)
             take = (cm & (low > threshold)) | (tie & (ties + tl.cumsum(tie.to(tl.int32), axis=0) - 1 < need))
             tl.store(out_row + written + tl.cumsum(take.to(tl.int32), axis=0) - 1, page, mask=take)
