@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .instances import Instance, Rendered, fitted_instances, format_prompt, make_instance
-from .jsonl import DataFileError, read_jsonl, require_field, seeded_subset
+from .jsonl import DataFileError, iter_records, require_field
 from .length_fit import CountTokens, middle_truncate
 from .task_spec import TaskSpec
 from .text_sources import NOISE_SENTENCES
@@ -141,11 +141,8 @@ def infinitebench_jsonl(
 ) -> Iterator[Instance]:
     """Real-text InfiniteBench records from `data_dir / spec.data_file`, context middle-truncated to fit."""
     path = data_dir / spec.data_file
-    records = read_jsonl(path, SCHEMA)
-    keep = seeded_subset(len(records), num_samples, seed, spec.name)
     budget = length_tokens - spec.max_new_tokens
-    for index in keep:
-        record = records[index]
+    for index, record in iter_records(path, SCHEMA, num_samples, seed, spec.name):
         context = require_field(record, ("context",), path, index, SCHEMA)
         fields, answers = _fields(record, path, index)
         if "OPTION_A" in spec.template and "OPTION_A" not in fields:

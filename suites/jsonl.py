@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +48,12 @@ def seeded_subset(count: int, num_samples: int | None, seed: int, task: str) -> 
     if num_samples is None or num_samples >= count:
         return list(range(count))
     return sorted(random.Random(f"{seed}:{task}").sample(range(count), num_samples))
+
+
+def iter_records(
+    data_file: Path, schema: str, num_samples: int | None, seed: int, task: str
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index, record) of the seeded subset of `data_file`'s records, in file order."""
+    records = read_jsonl(data_file, schema)
+    for index in seeded_subset(len(records), num_samples, seed, task):
+        yield index, records[index]

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .instances import Instance, Rendered, format_prompt, make_instance
-from .jsonl import DataFileError, read_jsonl, require_field, seeded_subset
+from .jsonl import DataFileError, iter_records, require_field
 from .length_fit import CountTokens, middle_truncate
 from .task_spec import TaskSpec
 
@@ -38,11 +38,8 @@ def longbench_jsonl(
 ) -> Iterator[Instance]:
     """LongBench records from `data_dir / spec.data_file`; a seeded subset when num_samples < the file's size."""
     path = data_dir / spec.data_file
-    records = read_jsonl(path, SCHEMA)
-    keep = seeded_subset(len(records), num_samples, seed, spec.name)
     budget = length_tokens - spec.max_new_tokens
-    for index in keep:
-        record = records[index]
+    for index, record in iter_records(path, SCHEMA, num_samples, seed, spec.name):
         question = require_field(record, ("input",), path, index, SCHEMA)
         context = require_field(record, ("context",), path, index, SCHEMA)
         answers = require_field(record, ("answers",), path, index, SCHEMA)

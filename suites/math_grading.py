@@ -21,7 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from .instances import Instance, Rendered, make_instance
-from .jsonl import read_jsonl, require_field, seeded_subset
+from .jsonl import iter_records, require_field
 from .length_fit import CountTokens, LengthError
 from .task_spec import TaskSpec
 
@@ -89,11 +89,8 @@ def math_jsonl(
 ) -> Iterator[Instance]:
     """Problems from `data_dir / spec.data_file`; a seeded subset when num_samples < the file's size."""
     path = data_dir / spec.data_file
-    records = read_jsonl(path, SCHEMA)
-    keep = seeded_subset(len(records), num_samples, seed, spec.name)
     budget = length_tokens - spec.max_new_tokens
-    for index in keep:
-        record = records[index]
+    for index, record in iter_records(path, SCHEMA, num_samples, seed, spec.name):
         problem = require_field(record, ("problem", "Problem", "question"), path, index, SCHEMA)
         answer = require_field(record, ("answer", "Answer"), path, index, SCHEMA)
         record_id = next((record[k] for k in ("unique_id", "id", "ID") if k in record), index)

@@ -10,6 +10,8 @@ import functools
 from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
 from ..reference.packing import SummaryLayout
 
@@ -82,3 +84,13 @@ def dot_in_fp32(t: torch.Tensor) -> bool:
 def check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+@triton.jit
+def mm(a, b, FP32: tl.constexpr):
+    """a [M, K] @ b [K, N] with fp32 accumulation; exact fp32 products when FP32 (the fp32 and
+    interpreter paths), tensor-core precision otherwise."""
+    if FP32:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)

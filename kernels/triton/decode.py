@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import mm
+
 PAGES_PER_ITER = 2  # 32 tokens per tl.dot: the N of QK^T and the K of PV
 MAX_SPLITS = 32
 
@@ -36,14 +38,6 @@ class DecodeWorkspace:
     @property
     def max_splits(self) -> int:
         return self.partial_lse.shape[2]
-
-
-@triton.jit
-def _mm(a, b, FP32: tl.constexpr):
-    if FP32:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 
 @triton.jit
@@ -87,7 +81,7 @@ def _sparse_decode_kernel(
         valid = live & (page * B + tok < seq_len)
         kv_mask = valid[:, None] & dm[None, :]
         k = tl.load(k_ptr + blk[:, None] * s_kb + tok[:, None] * s_kt + h * s_kh + d[None, :], mask=kv_mask, other=0.0)
-        logits = _mm(q, tl.trans(k.to(KV_T)), FP32) * scale  # [G_DOT, N]
+        logits = mm(q, tl.trans(k.to(KV_T)), FP32) * scale  # [G_DOT, N]
         logits = tl.where(valid[None, :], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(logits, axis=1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -95,7 +89,7 @@ def _sparse_decode_kernel(
         p = tl.exp(logits - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + blk[:, None] * s_vb + tok[:, None] * s_vt + h * s_vh + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + _mm(p.to(KV_T), v.to(KV_T), FP32)
+        acc = acc * alpha[:, None] + mm(p.to(KV_T), v.to(KV_T), FP32)
         m_i = m_new
     has = l_i > 0
     lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))

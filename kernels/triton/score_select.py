@@ -35,6 +35,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import mm
+
 # Cost model (r8i4, G=8, d=128; SASS from aot.py with the runtime's 16-byte divisibility hints): the
 # scorer is instruction-issue bound, not byte bound. At 6f19009 one tile (16 pages, 13.3 KB) took ~1690
 # instructions per thread x 8 warps; with 2 programs per SM that is ~6.8K issue cycles per SM per tile
@@ -90,15 +92,6 @@ class ScoreSelectWorkspace:
     @property
     def group_slots(self) -> int:
         return self.scores.shape[2]
-
-
-@triton.jit
-def _mm(a, b, FP32: tl.constexpr):
-    """a [M, K] @ b [K, N] with fp32 accumulation; exact fp32 products when FP32."""
-    if FP32:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 
 @triton.jit
@@ -190,8 +183,8 @@ def _score_kernel(
             v = tl.load(rows_f16 + row_n[:, None] // 2 + BASIS_OFF // 2 + n_col[:, None] * D + d[None, :],
                         mask=nm[:, None] & dm[None, :], other=0.0)
             coef = tl.load(rows_f16 + (row3 + COEF_OFF) // 2 + coef_idx, mask=coef_mask, other=0.0).to(tl.float32)
-            q_mu = _mm(mu.to(tl.float32), q_full, True)  # [P, G_DOT]
-            vq = _mm(v.to(tl.float32), q_full, True)  # [P*RP, G_DOT]
+            q_mu = mm(mu.to(tl.float32), q_full, True)  # [P, G_DOT]
+            vq = mm(v.to(tl.float32), q_full, True)  # [P*RP, G_DOT]
             tok_scale = tl.full([P, B], 1.0, tl.float32)
         else:
             f_scales = (row + SCALE_OFF) // 2
@@ -209,13 +202,13 @@ def _score_kernel(
                             mask=nm[:, None] & dm[None, :], other=0)
             mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
             if BITS == 4:
-                q_mu = _mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
+                q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
                 low = _nibble_value(packed & 15, DOT_T)  # dims 0, 2, 4, ...
                 high = _nibble_value(packed >> 4, DOT_T)  # dims 1, 3, 5, ...
-                vq = _mm(low, q_even, FP32) + _mm(high, q_odd, FP32)
+                vq = mm(low, q_even, FP32) + mm(high, q_odd, FP32)
             else:
-                q_mu = _mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
-                vq = _mm(v.to(tl.float32).to(DOT_T), q_full, FP32)
+                q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
+                vq = mm(v.to(tl.float32).to(DOT_T), q_full, FP32)
             vq = vq * col_scale[:, None]
             tok_scale = tok_scale.to(tl.float32)
         # Coefficient contraction on CUDA cores: acc[p, i, g] = sum_c (V^T q)[p, c, g] * C[p, i, c].
