@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
-from ..kernels.config import ConfigError
+from ..kernels.config import PAGE_SIZE, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +104,16 @@ def _locks_additional_config(knobs: SparseKnobs) -> dict:
 
 
 def _locks_kv_env(knobs: SparseKnobs | None, peer_config: str | None) -> dict[str, str]:
-    # The peer reads its whole configuration from one variable; default to its own defaults plus our budget.
+    """The peer reads its whole configuration from LOCKS_CONFIG (its README, 0.1.4). Its `budget_pages`
+    counts the selected pages EXCLUDING one sink and one recent page, and its `budget` is a fraction,
+    so b tokens map to budget_pages = ceil(b / 16) - 2: the same k pages attended as our arm."""
     if peer_config is not None:
         return {"LOCKS_CONFIG": peer_config}
-    return {"LOCKS_CONFIG": json.dumps({"budget": knobs.budget_tokens} if knobs else {})}
+    if knobs is None:
+        raise ValueError("the locks-kv arm needs a budget (--budget) or --peer-config")
+    page_budget = -(-knobs.budget_tokens // PAGE_SIZE)
+    config = {"variant": "fast", "budget_pages": page_budget - 2, "sink_pages": 1, "window_pages": 1}
+    return {"LOCKS_CONFIG": json.dumps(config, sort_keys=True)}
 
 
 register_arm(Arm("fa3", "FLASH_ATTN", description="vLLM FlashAttention 3 (dense)"))
@@ -125,7 +131,7 @@ register_arm(
 register_arm(
     Arm(
         "locks-kv",
-        "CUSTOM",
+        "FLASH_ATTN",  # the peer patches vLLM's selector so that a FlashAttention pick gets its backend
         sparse=True,
         description="the locks-kv peer plugin (activated by LOCKS_CONFIG; its own selector)",
         plugin_distribution="locks-kv",

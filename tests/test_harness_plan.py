@@ -114,7 +114,12 @@ def test_arms_come_from_the_registry():
     assert locks["additional_config"] == {"locks": {"budget": 2048, "format": "r8i4", "scorer": "locks",
                                                     "combine": "share_average"}}
     peer = get_arm("locks-kv")
-    assert peer.plugin_distribution == "locks-kv" and "LOCKS_CONFIG" in peer.environment(SparseKnobs(1024), None)
+    assert peer.plugin_distribution == "locks-kv"
+    assert peer.engine_kwargs(SparseKnobs(2048))["attention_config"] == {"backend": "FLASH_ATTN"}
+    # The peer's budget_pages excludes its sink and recent page: b=2048 and b=2040 both attend k=128 pages.
+    for budget in (2048, 2040):
+        peer_config = json.loads(peer.environment(SparseKnobs(budget), None)["LOCKS_CONFIG"])
+        assert peer_config == {"variant": "fast", "budget_pages": 126, "sink_pages": 1, "window_pages": 1}
     assert peer.environment(SparseKnobs(1024), '{"x": 1}') == {"LOCKS_CONFIG": '{"x": 1}'}
     with pytest.raises(ConfigError, match="unknown"):
         get_arm("sdpa")
