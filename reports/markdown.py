@@ -54,11 +54,26 @@ def fmt_tokens(tokens: Any) -> str:
     if missing(tokens) or not tokens:  # 0: the record did not say
         return DASH
     tokens = int(tokens)
-    if tokens and tokens % (1 << 20) == 0:
+    if tokens % (1 << 20) == 0:
         return f"{tokens >> 20}m"
-    if tokens and tokens % (1 << 10) == 0:
+    if tokens % (1 << 10) == 0:
         return f"{tokens >> 10}k"
     return str(tokens)
+
+
+def with_format(name: str, fmt: Any) -> str:
+    """`locks r8i4`: the summary format appended to an arm or selector name that does not already carry it."""
+    return name if not fmt or str(fmt) in name else f"{name} {fmt}"
+
+
+def failures(group: Any, what: str) -> str:
+    """`2 of 5 records <what>: OOM (1) — reason; ...` for the rows of `group` whose status is not ok, else ''."""
+    failed = group[group["status"] != "ok"]
+    if failed.empty:
+        return ""
+    parts = [f"{STATUS_LABEL.get(status, status)} ({len(rows)}) — {reason or 'no reason recorded'}"
+             for (status, reason), rows in failed.groupby(["status", "reason"], sort=True)]
+    return f"{len(failed)} of {len(group)} records {what}: " + "; ".join(parts)
 
 
 def bold(text: str) -> str:

@@ -38,13 +38,12 @@ ALIASES = {
 def _row(record: Record) -> dict:
     cell = record.get("cell") or {}
     status, reason = status_of(record)
-    selector, fmt = str(cell.get("selector") or "?"), cell.get("format")
     row = {
         "model": str(cell.get("model") or ""),
         "context_tokens": int(cell.get("context_tokens") or 0),
         "combine": str(cell.get("combine") or ""),
         "budget_tokens": int(cell.get("budget_tokens") or 0),
-        "selector_label": selector if not fmt or str(fmt) in selector else f"{selector} {fmt}",
+        "selector_label": md.with_format(str(cell.get("selector") or "?"), cell.get("format")),
         "layer": int(cell["layer"]) if cell.get("layer") is not None else -1,
         "record_id": str(cell.get("record_id") or ""),
         "status": status,
@@ -67,19 +66,12 @@ def microscope_frame(records: Sequence[Record]) -> pd.DataFrame:
     return frame.drop_duplicates(keys, keep="last").reset_index(drop=True)
 
 
-def _failures(group: pd.DataFrame) -> str:
-    failed = group[group["status"] != "ok"]
-    parts = [f"{md.STATUS_LABEL.get(s, s)} ({len(rows)}) — {r or 'no reason recorded'}"
-             for (s, r), rows in failed.groupby(["status", "reason"], sort=True)]
-    return f"{len(failed)} of {len(group)} records without metrics: " + "; ".join(parts) if parts else ""
-
-
 def fidelity_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (budget, selector): n ok records and each metric combined over records and layers."""
     rows = []
     for key, group in frame.groupby(KEYS, sort=True):
         ok = group[group["status"] == "ok"]
-        row = dict(zip(KEYS, key), n=len(ok), failures=_failures(group))
+        row = dict(zip(KEYS, key), n=len(ok), failures=md.failures(group, "without metrics"))
         for metric, (_, how, _) in METRICS.items():
             values = ok[metric].dropna()
             row[metric] = getattr(values, how)() if len(values) else np.nan

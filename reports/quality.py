@@ -32,7 +32,6 @@ def bootstrap_ci(scores: Sequence[float], level: float = 0.95, resamples: int = 
 def _row(record: Record) -> dict:
     cell = record.get("cell") or {}
     status, reason = status_of(record)
-    arm, fmt = str(cell.get("arm") or "?"), cell.get("format")
     budget = cell.get("budget_tokens")
     score = record.get("score")
     return {
@@ -41,7 +40,7 @@ def _row(record: Record) -> dict:
         "context_tokens": int(cell.get("context_tokens") or 0),
         "task": str(cell.get("task") or "?"),
         "budget_sort": FULL_BUDGET if budget is None else float(budget),
-        "arm_label": arm if not fmt or str(fmt) in arm else f"{arm} {fmt}",
+        "arm_label": md.with_format(str(cell.get("arm") or "?"), cell.get("format")),
         "record_id": str(cell.get("record_id") or ""),
         "status": "error" if status == "ok" and score is None else status,
         "reason": "ok record without a score" if status == "ok" and score is None else reason,
@@ -58,16 +57,6 @@ def eval_frame(records: Sequence[Record]) -> pd.DataFrame:
     return frame.drop_duplicates(CELL_KEYS + ["record_id"], keep="last").reset_index(drop=True)
 
 
-def _failures(group: pd.DataFrame) -> str:
-    failed = group[group["status"] != "ok"]
-    if failed.empty:
-        return ""
-    parts = []
-    for (status, reason), rows in failed.groupby(["status", "reason"], sort=True):
-        parts.append(f"{md.STATUS_LABEL.get(status, status)} ({len(rows)}) — {reason or 'no reason recorded'}")
-    return f"{len(failed)} of {len(group)} records not scored: " + "; ".join(parts)
-
-
 def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per cell: n, mean score and its 95% bootstrap CI, plus a sentence for unscored records.
 
@@ -80,7 +69,7 @@ def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
     for key, group in pd.concat([frame, pooled]).groupby(CELL_KEYS, sort=True):
         scores = group.loc[group["status"] == "ok", "score"].to_numpy()
         mean, low, high = bootstrap_ci(scores)
-        rows.append(dict(zip(CELL_KEYS, key), n=int(scores.size), mean=mean, low=low, high=high, failures=_failures(group)))
+        rows.append(dict(zip(CELL_KEYS, key), n=int(scores.size), mean=mean, low=low, high=high, failures=md.failures(group, "not scored")))
     table = pd.DataFrame(rows)
     table["task_sort"] = table["task"] == ALL_TASKS  # the pooled row closes each suite
     return table.sort_values(TABLE_KEYS + ["task_sort", "task", "budget_sort", "arm_label"], kind="stable").drop(columns="task_sort")

@@ -56,8 +56,6 @@ EVAL = "locks.eval/1"
 MICROSCOPE = "locks.microscope/1"
 KNOWN_SCHEMAS: tuple[str, ...] = (DECODE, KERNEL, EVAL, MICROSCOPE)
 
-STATUSES: tuple[str, ...] = ("ok", "refused", "oom", "error")
-
 # Arms that read the whole KV cache; "speedup" is always against the faster of these.
 DENSE_ARMS: frozenset[str] = frozenset(
     {"fa3", "fa2", "flash_attn", "flash-attn", "flashattention", "flashinfer", "dense", "fullkv", "full", "cpu"}

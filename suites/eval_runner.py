@@ -28,7 +28,7 @@ from ..harness.store import append_record, cell_key, finished_keys, read_records
 from ..kernels.config import ConfigError, SelectionConfig
 from . import catalog
 from .arms import Arm, parse_arms
-from .engine_hf import Generation, StopRule
+from .engine_hf import Generation, StopRule, load_engine
 from .instances import Instance
 from .task_spec import SUITES, TaskSpec, list_tasks, load_task
 
@@ -36,6 +36,7 @@ logger = logging.getLogger(__name__)
 
 SCHEMA = "locks.eval/1"
 DEFAULT_BUDGETS = (64, 128, 256, 512, 1024, 2048)
+ENGINES = ("transformers", "vllm")
 _LENGTH_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[kK]?)$")
 
 
@@ -82,6 +83,8 @@ class EvalConfig:
             raise EvalConfigError(f"samples must be >= 1 (got {self.samples})")
         if not self.lengths or any(n <= 0 for n in self.lengths):
             raise EvalConfigError(f"lengths must be positive token counts (got {self.lengths}); pass e.g. 4k,8k")
+        if self.engine not in ENGINES:
+            raise EvalConfigError(f"unknown engine {self.engine!r}; use one of {', '.join(ENGINES)}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise EvalConfigError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
         for budget in self.budgets:
@@ -99,12 +102,17 @@ class EvalConfig:
         return tuple(dense + sparse)
 
 
+def _split(value: str | Iterable[Any]) -> list[str]:
+    """A comma string or a YAML list -> its items as stripped strings (blanks kept)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [str(item).strip() for item in items]
+
+
 def parse_lengths(text: str | Iterable[Any]) -> tuple[int, ...]:
     """`4k,8k` / `4096` / [4096, "8k"] -> (4096, 8192): k = 1024 tokens."""
-    items = text.split(",") if isinstance(text, str) else list(text)
     lengths = []
-    for item in items:
-        match = _LENGTH_RE.match(str(item).strip())
+    for item in _split(text):
+        match = _LENGTH_RE.match(item)
         if match is None:
             raise EvalConfigError(f"length {item!r} is not a token count; pass e.g. 4k,8k or 4096,8192")
         lengths.append(int(match["n"]) * (1024 if match["unit"] else 1))
@@ -112,9 +120,8 @@ def parse_lengths(text: str | Iterable[Any]) -> tuple[int, ...]:
 
 
 def parse_ints(text: str | Iterable[Any], what: str) -> tuple[int, ...]:
-    items = text.split(",") if isinstance(text, str) else list(text)
     try:
-        return tuple(int(str(item).strip()) for item in items if str(item).strip())
+        return tuple(int(item) for item in _split(text) if item)
     except ValueError:
         raise EvalConfigError(f"{what} must be comma-separated integers (got {text!r}); pass e.g. 64,128,256") from None
 
@@ -131,8 +138,7 @@ def config_from_mapping(raw: Mapping[str, Any], source: str = "config") -> EvalC
         raise EvalConfigError(f"{source}: missing {missing}")
 
     def names(value: Any) -> tuple[str, ...]:
-        items = value.split(",") if isinstance(value, str) else list(value)
-        return tuple(str(item).strip() for item in items if str(item).strip())
+        return tuple(item for item in _split(value) if item)
 
     try:
         arms = parse_arms(names(raw["arms"]))
@@ -221,6 +227,15 @@ def plan_instances(config: EvalConfig, count_tokens: Callable[[str], int]) -> li
                                                     data_dir=config.data_dir))  # fmt: skip
             groups.append((spec, length, instances))
     return groups
+
+
+def load_eval_engine(config: EvalConfig) -> Engine:
+    """The engine `config.engine` names, loaded for `config.model` (minutes on CPU; vLLM imported only when named)."""
+    if config.engine == "vllm":
+        from .engine_vllm import load_vllm_engine
+
+        return load_vllm_engine(config.model, combine=config.combine, dummy_weights=config.dummy_weights)
+    return load_engine(config.model, combine=config.combine)
 
 
 def check_data_files(config: EvalConfig) -> None:

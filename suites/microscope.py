@@ -253,6 +253,7 @@ def _evaluate_layer(
         exact_shares = group_shares(exact, scored)
         carrier = _page_mask(record.carrier_pages, view.num_pages)
         outputs = step_outputs(view, scale)
+        mass = torch.softmax(exact, dim=-1)  # [Hkv, G, P]: each page's share of the head's attention
         oracle = {sel.budget_tokens: select_pages(exact_group, view.num_pages, sel.page_budget) for sel in selections}
 
         for arm in arms:
@@ -270,7 +271,7 @@ def _evaluate_layer(
                 cell = cells[(arm, sel.budget_tokens)]
                 selected = select_pages(group_scores, view.num_pages, sel.page_budget)
                 best = oracle[sel.budget_tokens]
-                _selection_metrics(cell, t, view, exact, contested, carrier, selected, best)
+                _selection_metrics(cell, t, view, mass, contested, carrier, selected, best)
                 cell.audits.merge(
                     audit_selection(view, outputs, exact, contested, scored, errors, selected, best, scale, combine)
                 )
@@ -300,14 +301,14 @@ def _selection_metrics(
     cell: CellResult,
     at: int,
     view: StepPages,
-    exact: torch.Tensor,
+    mass: torch.Tensor,
     contested: torch.Tensor,
     carrier: torch.Tensor,
     selected: torch.Tensor,
     oracle_selected: torch.Tensor,
 ) -> None:
-    """gamma, gamma_c, recall and carrier retention of one selection (locks.md §7)."""
-    mass = torch.softmax(exact, dim=-1)  # [Hkv, G, P]: each page's share of the head's attention
+    """gamma, gamma_c, recall and carrier retention of one selection (locks.md §7); mass [Hkv, G, P]
+    is the softmax of the exact page log masses, computed once per step."""
     inside = selected_page_mask(selected, view.num_pages)  # [Hkv, P]
     inside_exact = selected_page_mask(oracle_selected, view.num_pages)
     cell.gamma[at] = (mass * inside.unsqueeze(-2)).sum(-1)

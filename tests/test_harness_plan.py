@@ -150,7 +150,7 @@ def test_locks_bytes_read_summaries_plus_the_budget():
 @pytest.mark.parametrize("name", ["r8i4", "r8i8", "r4i4", "r2i8", "r8fp", "r3i4"])
 @pytest.mark.parametrize("head_dim", [64, 128, 96])
 def test_row_bytes_formula_matches_the_packing_layout(name, head_dim):
-    packing = pytest.importorskip("locks_toolkit.kernels.reference.packing")
+    from locks_toolkit.kernels.reference import packing
     fmt = SummaryFormat.parse(name)
     assert row_bytes_formula(fmt, head_dim) == packing.SummaryLayout(fmt, head_dim).row_bytes
 

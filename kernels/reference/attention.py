@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .score import token_mask
+from .score import accumulate_dtype, token_mask
 
 
 def _softmax_attend(logits: torch.Tensor, valid: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,7 +39,7 @@ def attend_pages(
     (out [..., G, dv], lse [..., G]); selected_pages [..., k] (-1 ignored) is shared by the G heads,
     None attends every page; token_counts [..., P] marks partially filled pages.
     """
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dtype = accumulate_dtype(q)
     num_pages, page_size = keys.shape[-3], keys.shape[-2]
     logits = torch.einsum("...gd,...pbd->...gpb", q.to(dtype), keys.to(dtype)) * scale
     valid = torch.ones(keys.shape[:-1], dtype=torch.bool, device=keys.device)  # [..., P, B]

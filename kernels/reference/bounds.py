@@ -12,13 +12,9 @@ from dataclasses import dataclass
 import torch
 
 from .attention import selected_page_mask
-from .score import exact_logits, exact_page_scores, summary_page_scores
+from .score import accumulate_dtype, exact_logits, exact_page_scores, summary_page_scores
 from .selectors import envelope_scores
 from .summary import PageSummaries
-
-
-def _dtype(*tensors: torch.Tensor) -> torch.dtype:
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def score_error(q: torch.Tensor, keys: torch.Tensor, summaries: PageSummaries, scale: float) -> torch.Tensor:
@@ -36,7 +32,7 @@ class ScoreErrorBounds:
 
 def score_error_bounds(q: torch.Tensor, keys: torch.Tensor, summaries: PageSummaries, scale: float) -> ScoreErrorBounds:
     """Both forms of the unquantized score-error bound; summaries must carry eigenvalues (built, not unpacked)."""
-    dtype = _dtype(q, keys, summaries.basis)
+    dtype = accumulate_dtype(q, keys, summaries.basis)
     q, keys = q.to(dtype), keys.to(dtype)
     basis, coefficients = summaries.basis.to(dtype), summaries.coefficients.to(dtype)
     deviations = keys - summaries.centroid.to(dtype).unsqueeze(-2)
@@ -91,7 +87,7 @@ def identity_terms(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, selected_pages: torch.Tensor
 ) -> IdentityTerms:
     """q [..., G, d], keys [..., P, B, d], values [..., P, B, dv], selected_pages [..., k] -> IdentityTerms."""
-    dtype = _dtype(q, keys)
+    dtype = accumulate_dtype(q, keys)
     weights = torch.softmax(exact_logits(q, keys, scale).flatten(-2), dim=-1)  # [..., G, P*B]
     inside = selected_page_mask(selected_pages, keys.shape[-3]).unsqueeze(-1).expand(keys.shape[:-1]).flatten(-2)
     flat_values = values.to(dtype).flatten(-3, -2).unsqueeze(-3)  # [..., 1, P*B, dv]
@@ -121,7 +117,7 @@ def outlier_capture(q: torch.Tensor, keys: torch.Tensor, summaries: PageSummarie
     """Both sides of the outlier-capture inequality; summaries must carry eigenvalues."""
     if summaries.eigenvalues is None:
         raise ValueError("outlier capture needs the spectrum; pass summaries from build_page_summaries")
-    dtype = _dtype(q, keys, summaries.basis)
+    dtype = accumulate_dtype(q, keys, summaries.basis)
     q, keys = q.to(dtype), keys.to(dtype)
     rank = summaries.rank
     eigenvalues = summaries.eigenvalues.to(dtype).clamp_min(0)  # [..., P, B]

@@ -7,13 +7,13 @@ import torch
 from .summary import PageSummaries
 
 
-def _accumulate_dtype(*tensors: torch.Tensor) -> torch.dtype:
+def accumulate_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def summary_logits(q: torch.Tensor, summaries: PageSummaries, scale: float) -> torch.Tensor:
     """q [..., G, d] -> reconstructed logits [..., G, P, B] = (q . mu_j + (V_j^T q) . c_i) * scale."""
-    dtype = _accumulate_dtype(q, summaries.centroid)
+    dtype = accumulate_dtype(q, summaries.centroid)
     q = q.to(dtype)
     centroid_logits = torch.einsum("...gd,...pd->...gp", q, summaries.centroid.to(dtype))
     projected = torch.einsum("...gd,...pdr->...gpr", q, summaries.basis.to(dtype))
@@ -28,7 +28,7 @@ def summary_page_scores(q: torch.Tensor, summaries: PageSummaries, scale: float)
 
 def exact_logits(q: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
     """q [..., G, d], keys [..., P, B, d] -> logits [..., G, P, B] = q . k_i * scale."""
-    dtype = _accumulate_dtype(q, keys)
+    dtype = accumulate_dtype(q, keys)
     return torch.einsum("...gd,...pbd->...gpb", q.to(dtype), keys.to(dtype)) * scale
 
 

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from ..config import SummaryFormat
+from ..config import PAGE_SIZE, SummaryFormat
 
 SEED_ENV = "LOCKS_TEST_SEED"
 
@@ -62,8 +62,6 @@ def scrambled_paged_cache(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Contiguous keys/values [S, Hkv, T, d] -> (k_cache, v_cache [NB, B, Hkv, d], block_table [S, maxP])
     with pages placed in random physical blocks (garbage in unused blocks, -1 past each sequence)."""
-    from ..config import PAGE_SIZE
-
     num_seqs, num_kv_heads, max_tokens, _ = keys.shape
     max_pages = -(-max_tokens // PAGE_SIZE)
     num_blocks = num_seqs * max_pages + extra_blocks

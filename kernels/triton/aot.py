@@ -21,7 +21,7 @@ from ..reference.packing import SummaryLayout
 from . import build as _build
 from . import decode as _decode
 from . import score_select as _ss
-from ._common import FP32_EPS, RowConstants
+from ._common import FP32_EPS, RowConstants, next_pow2
 
 SM90 = GPUTarget("cuda", 90, 32)
 
@@ -30,8 +30,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
            build_tile: int = _build.PAGES_PER_PROGRAM) -> list[tuple]:
     rc = RowConstants.of(SummaryLayout(SummaryFormat.parse(fmt), head_dim))
     rows = {"rows_u8": "*u8", "rows_i8": "*i8", "rows_f16": "*fp16"}
-    gs = 1 << max(0, group - 1).bit_length()
-    g_dot = gs
+    gs = g_dot = next_pow2(group)
     return [
         (_build._build_kernel, {"k_ptr": "*bf16", "block_ids_ptr": "*i32", **rows},
          dict(D=head_dim, DH_PAD=head_dim // 2, DC=min(_build.DIM_CHUNK, head_dim // 2), P=build_tile, B=PAGE_SIZE,
@@ -42,7 +41,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
                              "scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "scale": "fp32"},
          dict(G=group, G_DOT=g_dot, GS=gs, MAXC=_ss.MAX_CHUNKS, D=head_dim, D_PAD=head_dim, B=PAGE_SIZE, R=rc.rank,
               BITS=rc.basis_bits, COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
-              P=_ss.P_TILE, RP=1 << max(0, rc.rank - 1).bit_length(), FP32=rc.basis_bits == 16), (_ss.SCORE_WARPS, _ss.SCORE_MAXNREG)),
+              P=_ss.P_TILE, RP=next_pow2(rc.rank), FP32=rc.basis_bits == 16), (_ss.SCORE_WARPS, _ss.SCORE_MAXNREG)),
         (_ss._keys_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "keys_ptr": "*i32",
                             "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},
          dict(G=group, GS=gs, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=0, BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS,
@@ -54,7 +53,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
         (_ss._select_kernel, {"hist_ptr": "*i32", "counts_ptr": "*i32", "cand_low_ptr": "*i32", "cand_page_ptr": "*i32",
                               "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
          dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS,
-              K_PAD=1 << max(0, page_budget - 1).bit_length()), _ss.SELECT_WARPS),
+              K_PAD=next_pow2(page_budget)), _ss.SELECT_WARPS),
         (_decode._sparse_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
                                          "seq_lens_ptr": "*i32", "sel_ptr": "*i32", "part_out_ptr": "*fp32",
                                          "part_lse_ptr": "*fp32", "scale": "fp32"},

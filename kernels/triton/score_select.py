@@ -201,13 +201,12 @@ def _score_kernel(
                 v = tl.load(rows_i8 + row_n[:, None] + BASIS_OFF + n_col[:, None] * D + d[None, :],
                             mask=nm[:, None] & dm[None, :], other=0)
             mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
+            q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
             if BITS == 4:
-                q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
                 low = _nibble_value(packed & 15, DOT_T)  # dims 0, 2, 4, ...
                 high = _nibble_value(packed >> 4, DOT_T)  # dims 1, 3, 5, ...
                 vq = mm(low, q_even, FP32) + mm(high, q_odd, FP32)
             else:
-                q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
                 vq = mm(v.to(tl.float32).to(DOT_T), q_full, FP32)
             vq = vq * col_scale[:, None]
             tok_scale = tok_scale.to(tl.float32)

@@ -19,7 +19,7 @@ import torch
 from ..config import PAGE_SIZE
 from ..reference.packing import SummaryLayout
 from . import counters, debug, memory
-from .kernel_ops import DecodeShape, key_score_select, ops_for_device
+from .kernel_ops import DecodeShape, key_score_select, ops_for_device, timed_host_ms
 from .settings import BackendSettings, settings_from_vllm_config
 
 logger = logging.getLogger(__name__)
@@ -87,24 +87,22 @@ class LocksBuilderMixin:
     def _locks_init(self, kv_cache_spec, layer_names, vllm_config, device, backend_label: str) -> None:
         self.locks_settings = settings_from_vllm_config(vllm_config)
         self._init_reorder_batch_threshold(1)
+        self._sliding_group = getattr(kv_cache_spec, "sliding_window", None) is not None
         stock_reasons = _stock_layer_reasons(vllm_config, layer_names)
-        if getattr(kv_cache_spec, "sliding_window", None) is not None:
+        if self._sliding_group:
             stock_reasons = {name: "sliding window" for name in layer_names}
         if stock_reasons:
             logger.warning("Locks: %d layer(s) run stock attention for decode: %s", len(stock_reasons), stock_reasons)
         self._stock_layers = len(stock_reasons)
-        self._sliding_group = getattr(kv_cache_spec, "sliding_window", None) is not None
         self._locks_layers = len(layer_names) - self._stock_layers
         self._locks_stock_only = self._locks_layers == 0
         memory.release(vllm_config)  # profiling is over: the KV budget is fixed
-        self._locks_shape = decode_shape(vllm_config, kv_cache_spec.head_size, self.locks_settings.locks.selection.page_budget)
-        num_kv_heads = self._locks_shape.num_kv_heads
+        shape = self._locks_shape = decode_shape(vllm_config, kv_cache_spec.head_size, self.locks_settings.locks.selection.page_budget)
         self._locks_ops = ops_for_device(device)
         self._locks_layout = SummaryLayout(self.locks_settings.locks.summary, kv_cache_spec.head_size)
-        shape = self._locks_shape
         # Persistent buffers: decode graphs hold their addresses, build() refreshes their contents.
         self._decode_blocks = torch.full((shape.max_seqs,), -1, dtype=torch.int32, device=device)
-        self._selected = torch.full((shape.max_seqs, num_kv_heads, shape.page_budget), -1, dtype=torch.int32, device=device)
+        self._selected = torch.full((shape.max_seqs, shape.num_kv_heads, shape.page_budget), -1, dtype=torch.int32, device=device)
         self._workspace = self._locks_ops.workspace(shape, self._locks_layout, device)
         log_active_banner(self.locks_settings, backend_label, self._locks_ops.name)
 
@@ -284,8 +282,6 @@ class LocksImplMixin:
             end.record()
             counters.add_build_events(start, end)
         else:
-            from .kernel_ops import timed_host_ms  # noqa: PLC0415
-
             counters.add_build_time_ms(timed_host_ms(self._ops.build_summaries, k_cache, block_ids, summary_rows, self._layout))
         counters.add(eager_build_calls=1)
 
