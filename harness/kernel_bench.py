@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..kernels.config import PAGE_SIZE, ConfigError, SelectionConfig, SummaryFormat
+from ..kernels.config import PAGE_SIZE, ConfigError, SelectionConfig, SummaryFormat, cdiv
 from ..kernels.reference.packing import SummaryLayout
 from ..kernels.reference.testing import fresh_seed
 from ..kernels.triton import ops
@@ -97,9 +97,8 @@ def stage_bytes(geom: KernelGeometry, layout: SummaryLayout, seq_len: int, batch
     """Bytes each stage moves per layer (reads + writes), the model behind the byte floor."""
     pairs = batch * geom.num_kv_heads
     full = seq_len // PAGE_SIZE
-    pages = -(-seq_len // PAGE_SIZE)
+    pages = cdiv(seq_len, PAGE_SIZE)
     contested = max(pages - 2, 0)
-    slots = 1 << max(0, geom.group - 1).bit_length()
     q_bytes = batch * geom.num_q_heads * geom.head_dim * kv_bytes
     page_kv = 2 * PAGE_SIZE * geom.head_dim * kv_bytes  # K + V of one page, one KV head
     build = pairs * full * (page_kv // 2 + layout.row_bytes)

@@ -45,12 +45,29 @@ class RunSummary:
 Event = Callable[[str, dict], None]
 
 
-def resolve_model(plan: DecodePlan) -> tuple[str, dict, bool, dict]:
-    """(model dir, its config, dummy weights?, changes vs the preset)."""
+@dataclass(frozen=True)
+class CellGroup:
+    """The cells one engine job measures: one (context, arm, budget), keyed by batch size in ascending order."""
+
+    context: int
+    arm: str
+    budget: int | None
+    cells: dict[int, dict]  # batch size -> cell_identity(...)
+
+
+def model_config(plan: DecodePlan) -> tuple[dict, bool, dict]:
+    """(the HF config the engine loads, dummy weights?, changes vs the preset); writes nothing."""
     if plan.model in preset_names():
         config, changes = build_config(plan.model, plan.num_layers, plan.effective_max_model_len)
-        return str(materialize_model(config, plan.model_cache_dir)), config, True, changes
-    return str(Path(plan.model).resolve()), read_model_dir_config(plan.model), False, {}
+        return config, True, changes
+    return read_model_dir_config(plan.model), False, {}
+
+
+def resolve_model(plan: DecodePlan) -> tuple[str, dict, bool, dict]:
+    """(model dir, its config, dummy weights?, changes vs the preset); materializes a preset's dir."""
+    config, dummy, changes = model_config(plan)
+    model_dir = materialize_model(config, plan.model_cache_dir) if dummy else Path(plan.model).resolve()
+    return str(model_dir), config, dummy, changes
 
 
 def cell_identity(plan: DecodePlan, arm: str, context: int, batch: int, budget: int | None, layers: int,
@@ -79,6 +96,21 @@ def cell_identity(plan: DecodePlan, arm: str, context: int, batch: int, budget: 
         "steps_per_window": plan.steps_per_window,
         "seed": plan.seed,
     }
+
+
+def plan_cells(plan: DecodePlan) -> list[CellGroup]:
+    """Every cell of `plan` in run order (context, then arm, then budget of sparse arms), one group per
+    engine job. The one expansion of a plan: `run_plan` and `locks bench decode --dry-run` both use it."""
+    config, dummy, _ = model_config(plan)
+    layers = ModelGeometry.from_config(config, plan.dtype).num_layers
+    groups = []
+    for context in plan.contexts:
+        for arm in plan.arms:
+            for budget in plan.budgets if get_arm(arm).sparse else (None,):
+                cells = {b: cell_identity(plan, arm, context, b, budget, layers, dummy)
+                         for b in sorted(plan.batch_sizes)}
+                groups.append(CellGroup(context, arm, budget, cells))
+    return groups
 
 
 def preflight(plan: DecodePlan) -> None:
@@ -138,24 +170,19 @@ def run_plan(plan: DecodePlan, command: str | None = None, on_event: Event | Non
         summary.written.append(record)
         on_event("record", record)
 
-    for context in plan.contexts:
-        for arm_name in plan.arms:
-            arm = get_arm(arm_name)
-            for budget in plan.budgets if arm.sparse else (None,):
-                cells = {b: cell_identity(plan, arm_name, context, b, budget, geometry.num_layers, dummy)
-                         for b in sorted(plan.batch_sizes)}
-                todo = {b: c for b, c in cells.items() if cell_key(c) not in done}
-                for b, c in cells.items():
-                    if b not in todo:
-                        summary.skipped.append(c)
-                        on_event("skipped", c)
-                if not todo:
-                    continue
-                job = EngineJob(plan, arm_name, context, budget, tuple(todo), model_dir, dummy, geometry,
-                                int(config.get("vocab_size", 32000)),
-                                measure_ttft=min(todo) == min(plan.batch_sizes), weights=weights)
-                on_event("job", {"arm": arm_name, "context": context, "budget": budget, "batches": list(todo)})
-                _run_job(job, todo, write)
+    for group in plan_cells(plan):
+        todo = {b: c for b, c in group.cells.items() if cell_key(c) not in done}
+        for b, c in group.cells.items():
+            if b not in todo:
+                summary.skipped.append(c)
+                on_event("skipped", c)
+        if not todo:
+            continue
+        job = EngineJob(plan, group.arm, group.context, group.budget, tuple(todo), model_dir, dummy, geometry,
+                        int(config.get("vocab_size", 32000)),
+                        measure_ttft=min(todo) == min(plan.batch_sizes), weights=weights)
+        on_event("job", {"arm": group.arm, "context": group.context, "budget": group.budget, "batches": list(todo)})
+        _run_job(job, todo, write)
     return summary
 
 

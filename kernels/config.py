@@ -19,8 +19,20 @@ COMBINE_RULES: tuple[str, ...] = get_args(CombineRule)  # one list of names, for
 _FORMAT_RE = re.compile(r"^r(?P<rank>\d+)(?P<prec>fp|i4|i8)$")
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling of a / b for integers (b > 0), e.g. pages needed for a tokens at b tokens a page."""
+    return -(-a // b)
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message says what to pass instead."""
+
+
+def check_combine_rule(rule: str) -> str:
+    """Return `rule` if it names a GQA combine rule; else raise ConfigError listing the valid ones."""
+    if rule not in COMBINE_RULES:
+        raise ConfigError(f"combine rule {rule!r} unknown; use one of {', '.join(COMBINE_RULES)}")
+    return rule
 
 
 @dataclass(frozen=True)
@@ -87,8 +99,7 @@ class SelectionConfig:
                 f"budget {self.budget_tokens} is not a multiple of the page size {self.page_size}; "
                 f"pass e.g. {self.page_size * math.ceil(self.budget_tokens / self.page_size)}"
             )
-        if self.combine not in COMBINE_RULES:
-            raise ConfigError(f"combine rule {self.combine!r} unknown; use one of {', '.join(COMBINE_RULES)}")
+        check_combine_rule(self.combine)
 
     @property
     def page_budget(self) -> int:

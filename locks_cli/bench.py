@@ -83,22 +83,11 @@ def decode(
 
 
 def _dry_run(plan, as_json: bool) -> None:
-    from ..harness.arms import get_arm
-    from ..harness.presets import load_preset_config, preset_names, read_model_dir_config
-    from ..harness.runner import cell_identity
+    from ..harness.runner import plan_cells
     from ..harness.store import cell_key, finished_keys, read_records
 
-    is_preset = plan.model in preset_names()
-    config = load_preset_config(plan.model) if is_preset else read_model_dir_config(plan.model)
-    layers = plan.num_layers or config["num_hidden_layers"]
     done = finished_keys(read_records(plan.output))
-    cells = []
-    for context in plan.contexts:
-        for arm in plan.arms:
-            for budget in plan.budgets if get_arm(arm).sparse else (None,):
-                for size in sorted(plan.batch_sizes):
-                    cell = cell_identity(plan, arm, context, size, budget, layers, is_preset)
-                    cells.append({**cell, "stored": cell_key(cell) in done})
+    cells = [{**cell, "stored": cell_key(cell) in done} for group in plan_cells(plan) for cell in group.cells.values()]
     if as_json:
         typer.echo(json.dumps({"max_model_len": plan.effective_max_model_len, "cells": cells}, indent=1))
         return

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from ..kernels.config import COMBINE_RULES, ConfigError
-from ..suites.fidelity import DEFAULT_BUDGETS, DEFAULT_FORMATS, DEFAULT_SELECTORS, MicroscopeConfig, MicroscopeRun
+from ..suites.fidelity import DEFAULT_BUDGETS, DEFAULT_FORMATS, DEFAULT_SELECTORS, MicroscopeConfig
 from ..suites.microscope import parse_arms
+from ..suites.microscope_tables import render_fidelity_tables
 from ..suites.models import INSTALL_HINT, ModelMissingError
 from .errors import fail
 
@@ -102,7 +100,7 @@ def microscope(
         from ..harness.provenance import collect
         from ..suites.records import cell_records, run_summary
 
-        command = _reproduce(config)
+        command = config.reproduce_command()
         provenance = collect(command)
     if out is not None:
         from ..harness.store import append_record
@@ -114,65 +112,8 @@ def microscope(
     if json_output:
         typer.echo(json.dumps(run_summary(run, provenance, command), indent=1, allow_nan=False))
     else:
-        _print_tables(run)
-
-
-def _reproduce(config: MicroscopeConfig) -> str:
-    """The command that reruns exactly this configuration, every setting explicit."""
-    arms = ",".join(arm.scorer if arm.fmt is None else f"{arm.scorer}:{arm.fmt}" for arm in config.arms)
-    return shlex.join([
-        "locks", "eval", "microscope", "--prompts", str(config.prompts), "--context-tokens", str(config.context_tokens),
-        "--steps", str(config.decode_steps), "--seed", str(config.seed), "--selectors", arms,
-        "--budgets", ",".join(map(str, config.budgets_tokens)), "--combine", config.combine,
-    ])
-
-
-def _num(value: float | None, digits: int = 3) -> str:
-    return "—" if value is None else f"{value:.{digits}f}"
-
-
-def _print_tables(run: MicroscopeRun) -> None:
-    terminal = Console()
-    stdout = terminal if terminal.is_terminal else Console(width=_PIPED_WIDTH)
-    config, geometry = run.config, run.geometry
-    correct = sum(info.fullkv_correct for info in run.records)
-    capture_err = max((i.capture_output_max_err or 0.0) for i in run.records)
-    stdout.print(
-        f"[bold]{run.model_source}[/]: {len(run.records)} needle prompts of ~{config.context_tokens} tokens "
-        f"(FullKV correct {correct}/{len(run.records)}), {config.decode_steps} decode steps, "
-        f"full-attention layers {list(geometry.global_layers)}, {geometry.num_q_heads} q heads / "
-        f"{geometry.num_kv_heads} KV head(s), d={geometry.head_dim}, scale {geometry.scale:.4g} "
-        f"(query_pre_attn_scalar), soft-cap {geometry.softcap or 'none'}, capture check max |Δo| {capture_err:.1e}",
-        highlight=False,
-    )
-    rows = run.summary()
-    for budget in config.budgets_tokens:
-        budget_rows = [r for r in rows if r["budget_tokens"] == budget]
-        table = Table(
-            title=f"budget {budget} tokens = {budget_rows[0]['page_budget']} pages per (layer, KV head), "
-            f"{config.combine}; samples per row: {budget_rows[0]['samples']} (prompt, layer, step, q head)",
-            title_justify="left",
-            box=box.SIMPLE_HEAD,
-        )
-        for header in ("selector", "γ", "γ min", "γc", "recall", "needle", "|Δs| p50", "p95", "max", "share err",
-                       "energy", "bounds"):
-            table.add_column(header, justify="left" if header == "selector" else "right", no_wrap=True)
-        for row in budget_rows:
-            retention = row["needle_retention"]
-            table.add_row(
-                row["label"], _num(row["gamma"]), _num(row["gamma_min"]), _num(row["gamma_c"]), _num(row["recall"]),
-                "—" if retention is None else f"{retention:.3f} ({row['needle_kept']}/{row['needle_eligible']})",
-                _num(row["score_err_p50"]), _num(row["score_err_p95"]), _num(row["score_err_max"]),
-                _num(row["share_log_err"]), _num(row["captured_energy"]),
-                f"{row['bound_violations']}/{row['bound_checks']}",
-            )
-        stdout.print(table)
-    stdout.print(
-        "γ: attention mass inside the selected pages; γc: the same over contested pages (sink and recent "
-        "excluded); recall vs the exact-LSE selection; needle: carrier pages kept when the exact selection "
-        "keeps them; |Δs|: page log-mass error; share err: mass-weighted |log Δ| of the group shares; "
-        "energy: within-page key variance kept; bounds: locks.md §5 audits violated/checked.",
-        style="dim", highlight=False,
-    )
-    timing = ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in run.seconds.items())
-    _stderr.print(f"time: {timing}", highlight=False)
+        terminal = Console()
+        stdout = terminal if terminal.is_terminal else Console(width=_PIPED_WIDTH)
+        stdout.print(render_fidelity_tables(run))
+        timing = ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in run.seconds.items())
+        _stderr.print(f"time: {timing}", highlight=False)

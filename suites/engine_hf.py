@@ -288,15 +288,16 @@ class HFEngine:
         tokens, logits = [prefill.first_token], [prefill.first_logits] if keep_logits else []
         start = time.perf_counter()
         self.attention.selector = selector
+        watch = _LineWatch(self.tokenizer)
         try:
-            reason = self._stop_reason(tokens, stop)
+            reason = self._stop_reason(tokens, stop, watch)
             while reason is None:
                 out = self.model(input_ids=torch.tensor([[tokens[-1]]], device=self.model.device), cache=cache, use_cache=True)
                 step_logits = out.logits[0, -1].float()
                 tokens.append(int(step_logits.argmax()))
                 if keep_logits:
                     logits.append(step_logits)
-                reason = self._stop_reason(tokens, stop)
+                reason = self._stop_reason(tokens, stop, watch)
         finally:
             self.attention.selector = None
         text_ids = tokens[:-1] if reason == "eos" else tokens
@@ -318,16 +319,44 @@ class HFEngine:
             for request in requests[instance.instance_id]:
                 yield instance, request, self.generate(prefill, request.arm, request.budget_tokens, stop), prefill.seconds
 
-    def _stop_reason(self, tokens: list[int], stop: StopRule) -> str | None:
+    def _stop_reason(self, tokens: list[int], stop: StopRule, watch: _LineWatch) -> str | None:
+        """Why to stop after the newest token of `tokens` (None: go on); `watch` has seen every earlier one."""
         if tokens[-1] in self.eos_ids:
             return "eos"
-        if stop.newline:
-            text = self.tokenizer.decode(tokens, skip_special_tokens=True)
-            if "\n" in text.lstrip():
-                return "newline"
+        if stop.newline and watch.line_break(tokens):
+            return "newline"
         if len(tokens) >= stop.max_new_tokens:
             return "max_new_tokens"
         return None
+
+
+class _LineWatch:
+    """Is there a line break after non-blank text in the decoded tokens? Decodes only the tokens since the
+    last complete text per step (not the whole output: that is quadratic in its length).
+
+    The new text is measured against the decode of the previous step's new tokens, not decoded alone,
+    because tokenizers decode a token differently at the start of a text (a leading-space piece loses
+    its space). A byte-fallback piece of a multi-byte character decodes to U+FFFD until the character
+    completes; such text is re-read next step instead of being taken as final.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.prefix = 0  # tokens[prefix:read] were decoded last step: the context the new text follows
+        self.read = 0  # tokens[:read] are final text
+        self.text_seen = False  # final text so far has a non-blank character
+
+    def line_break(self, tokens: Sequence[int]) -> bool:
+        """Call once per new token, with all tokens so far."""
+        before = self.tokenizer.decode(tokens[self.prefix : self.read], skip_special_tokens=True)
+        after = self.tokenizer.decode(tokens[self.prefix :], skip_special_tokens=True)
+        new = after[len(before) :]
+        if "\n" in (new if self.text_seen else new.lstrip()):
+            return True
+        if not new.endswith("\ufffd"):
+            self.text_seen = self.text_seen or bool(new.strip())
+            self.prefix, self.read = self.read, len(tokens)
+        return False
 
 
 def _layer_keys(cache: Any, layer: int) -> torch.Tensor:

@@ -47,6 +47,14 @@ def require_cuda_vllm() -> Any:
         raise VllmUnavailableError(f"vLLM is not installed ({error}); install with: pip install 'locks-toolkit[gpu]'") from None
 
 
+def check_backend_arms(arms: Sequence[Any]) -> None:
+    """Raise one ValueError naming the first sparse arm the backend does not serve (checked before any run)."""
+    for arm in arms:
+        if arm.sparse and arm.scorer not in _BACKEND_SCORERS:
+            raise ValueError(f"arm {arm.label} is not served by the vLLM backend; use one of {', '.join(_BACKEND_SCORERS)} "
+                             "or --engine transformers")  # fmt: skip
+
+
 class ByteTokenizer:
     """Stand-in tokenizer for config-only (dummy-weight) models: one token per UTF-8 byte, id = 16 + byte."""
 
@@ -107,9 +115,7 @@ class VllmEngine:
             kwargs["model"] = str(materialize_model(build_config(self.model_name, None, max_len)[0]))
             kwargs["skip_tokenizer_init"] = True
         if arm.sparse:
-            if arm.scorer not in _BACKEND_SCORERS:
-                raise ValueError(f"arm {arm.label} is not served by the vLLM backend; use one of {', '.join(_BACKEND_SCORERS)} "
-                                 "or --engine transformers")  # fmt: skip
+            check_backend_arms([arm])
             kwargs["attention_backend"] = "CUSTOM"
             kwargs["additional_config"] = {"locks": {
                 "budget": request.budget_tokens, "format": arm.fmt.name if arm.fmt else "r8i4",

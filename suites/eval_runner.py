@@ -85,6 +85,13 @@ class EvalConfig:
             raise EvalConfigError(f"lengths must be positive token counts (got {self.lengths}); pass e.g. 4k,8k")
         if self.engine not in ENGINES:
             raise EvalConfigError(f"unknown engine {self.engine!r}; use one of {', '.join(ENGINES)}")
+        if self.engine == "vllm":  # every arm now, not when its group comes up after others already ran
+            from .engine_vllm import check_backend_arms
+
+            try:
+                check_backend_arms(self.arms)
+            except ValueError as error:
+                raise EvalConfigError(str(error)) from None
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise EvalConfigError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
         for budget in self.budgets:

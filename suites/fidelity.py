@@ -7,11 +7,12 @@ The model runs once per prompt; every arm and budget is then evaluated on the ca
 from __future__ import annotations
 
 import logging
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..kernels.config import COMBINE_RULES, ConfigError, SelectionConfig
+from ..kernels.config import ConfigError, SelectionConfig, check_combine_rule
 from .microscope import Arm, CapturedRecord, CellResult, capture_output_error, evaluate_record, parse_arms, summarize
 from .models import AttentionGeometry, load_gemma3_270m, greedy_decode_capture
 from .niah import NiahPrompt, build_niah_suite
@@ -52,10 +53,18 @@ class MicroscopeConfig:
             raise ConfigError("no budgets to evaluate; pass e.g. --budgets 256,512")
         if len(set(self.budgets_tokens)) != len(self.budgets_tokens):
             raise ConfigError(f"budgets repeat: {self.budgets_tokens}")
-        if self.combine not in COMBINE_RULES:
-            raise ConfigError(f"combine rule {self.combine!r} unknown; use one of {', '.join(COMBINE_RULES)}")
+        check_combine_rule(self.combine)
         for budget in self.budgets_tokens:
             SelectionConfig(budget_tokens=budget, combine=self.combine)  # raises ConfigError naming the fix
+
+    def reproduce_command(self) -> str:
+        """The `locks eval microscope` command that reruns exactly this configuration, every setting explicit."""
+        arms = ",".join(arm.scorer if arm.fmt is None else f"{arm.scorer}:{arm.fmt}" for arm in self.arms)
+        return shlex.join([
+            "locks", "eval", "microscope", "--prompts", str(self.prompts), "--context-tokens", str(self.context_tokens),
+            "--steps", str(self.decode_steps), "--seed", str(self.seed), "--selectors", arms,
+            "--budgets", ",".join(map(str, self.budgets_tokens)), "--combine", self.combine,
+        ])
 
 
 @dataclass

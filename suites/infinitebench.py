@@ -149,14 +149,15 @@ def infinitebench_jsonl(
             raise DataFileError(
                 f"{path}: record {index} needs a non-empty `options` list for {spec.name}. Expected {SCHEMA}"
             )
-        kept = middle_truncate(context, budget, count_tokens, functools.partial(format_prompt, spec, **fields))
+        count = functools.lru_cache(maxsize=None)(count_tokens)  # the fit's counts, reused for prompt_tokens
+        kept = middle_truncate(context, budget, count, functools.partial(format_prompt, spec, **fields))
         rendered = Rendered(
             spec.template.format(context=kept, **fields),
             spec.answer_prefix,
             answers,
             {"record_id": record.get("id", index), "truncated": kept != context, "data_file": str(path)},
         )
-        yield make_instance(spec, length_tokens, seed, index, rendered)
+        yield make_instance(spec, length_tokens, seed, index, rendered, prompt_tokens=count(rendered.prompt))
 
 
 GENERATORS = {"passkey": passkey, "number_string": number_string, "kv_retrieval": kv_retrieval}

@@ -92,14 +92,15 @@ def _fit_one(
     lowest: int,
     highest: int,
     hint: int | None,
-) -> int:
-    """Largest filler amount whose prompt has at most `budget` tokens (lowest - 1 when none fits)."""
+) -> tuple[int, Callable[[int], int]]:
+    """Largest filler amount whose prompt has at most `budget` tokens (lowest - 1 when none fits), and
+    the memoised prompt token count per filler amount (the answer's count is already in it)."""
     tokens = functools.lru_cache(maxsize=None)(lambda n: count_tokens(render_n(n).prompt))
     if hint is None:  # extrapolate from two small probes instead of rendering a huge first guess
         probe = min(highest, lowest + 32)
         per_unit = max((tokens(probe) - tokens(lowest)) / max(probe - lowest, 1), 1e-9)
         hint = int(lowest + (budget - tokens(lowest)) / per_unit)
-    return fit_largest(lambda n: tokens(n) <= budget, lowest=lowest, highest=highest, hint=hint)
+    return fit_largest(lambda n: tokens(n) <= budget, lowest=lowest, highest=highest, hint=hint), tokens
 
 
 def fitted_instances(
@@ -119,16 +120,16 @@ def fitted_instances(
     for index in range(num_samples):
         state = prepare(instance_rng(seed, spec.name, length_tokens, index), index)
         render_n = functools.lru_cache(maxsize=None)(functools.partial(render, state))
-        n = _fit_one(render_n, count_tokens, budget, lowest, highest, hint)
+        n, tokens = _fit_one(render_n, count_tokens, budget, lowest, highest, hint)
         if n < lowest:
-            shortest = count_tokens(render_n(lowest).prompt) + spec.max_new_tokens
+            shortest = tokens(lowest) + spec.max_new_tokens
             raise LengthError(
                 f"{spec.name}: length {length_tokens} cannot hold the smallest prompt ({shortest} tokens "
                 f"including {spec.max_new_tokens} to generate); use a length of at least {shortest}"
             )
         hint = n
         best = render_n(n)
-        prompt_tokens = count_tokens(best.prompt)
+        prompt_tokens = tokens(n)
         if n == highest:
             logger.warning("%s: all %d filler units used; the prompt is %d tokens short of %d",
                            spec.name, n, budget - prompt_tokens, length_tokens)  # fmt: skip

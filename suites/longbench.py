@@ -47,7 +47,8 @@ def longbench_jsonl(
             raise DataFileError(f"{path}: record {index}: `answers` must be a non-empty list. Expected {SCHEMA}")
         if spec.scorer == "classification" and not record.get("all_classes"):
             raise DataFileError(f"{path}: record {index}: {spec.name} needs `all_classes`. Expected {SCHEMA}")
-        kept = middle_truncate(context, budget, count_tokens, functools.partial(format_prompt, spec, input=question))
+        count = functools.lru_cache(maxsize=None)(count_tokens)  # the fit's counts, reused for prompt_tokens
+        kept = middle_truncate(context, budget, count, functools.partial(format_prompt, spec, input=question))
         meta = {
             "record_id": record.get("_id", index),
             "all_classes": record.get("all_classes") or [],
@@ -57,7 +58,7 @@ def longbench_jsonl(
         rendered = Rendered(
             spec.template.format(context=kept, input=question), spec.answer_prefix, tuple(map(str, answers)), meta
         )
-        yield make_instance(spec, length_tokens, seed, index, rendered)
+        yield make_instance(spec, length_tokens, seed, index, rendered, prompt_tokens=count(rendered.prompt))
 
 
 LOADERS = {"longbench_jsonl": longbench_jsonl}

@@ -95,10 +95,11 @@ def math_jsonl(
         answer = require_field(record, ("answer", "Answer"), path, index, SCHEMA)
         record_id = next((record[k] for k in ("unique_id", "id", "ID") if k in record), index)
         user = spec.template.format(problem=problem)
-        if count_tokens(user + spec.answer_prefix) > budget:
+        prompt_tokens = count_tokens(user + spec.answer_prefix)
+        if prompt_tokens > budget:
             raise LengthError(
                 f"{spec.name}: problem {record_id} does not fit {length_tokens} tokens with "
                 f"{spec.max_new_tokens} to generate; use a longer length"
             )
         rendered = Rendered(user, spec.answer_prefix, (str(answer),), {"record_id": record_id, "data_file": str(path)})
-        yield make_instance(spec, length_tokens, seed, index, rendered)
+        yield make_instance(spec, length_tokens, seed, index, rendered, prompt_tokens=prompt_tokens)

@@ -35,6 +35,17 @@ class DigitTokenizer:
         return " ".join(f"t{i}" for i in ids)
 
 
+class LineTokenizer(DigitTokenizer):
+    """DigitTokenizer whose `breaks` ids decode to a line break; a word carries a leading space that the
+    text's first word drops (as a sentencepiece piece does), so a token alone decodes unlike in context."""
+
+    def __init__(self, breaks: set[int]) -> None:
+        self.breaks = breaks
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return "".join("\n" if i in self.breaks else f" t{i}" for i in ids).removeprefix(" ")
+
+
 def _tiny_model(seed: int) -> Gemma3ForCausalLM:
     torch.manual_seed(seed)
     config = Gemma3TextConfig(
@@ -100,6 +111,26 @@ def test_budget_covering_context_reproduces_fullkv(setup):
         sparse = engine.generate(prefill, parse_arm(label), budget, stop, keep_logits=True)
         assert sparse.token_ids == dense.token_ids, f"{label}, seed {seed}"
         torch.testing.assert_close(torch.stack(sparse.logits), torch.stack(dense.logits), rtol=0, atol=0)
+
+
+def test_newline_stop_lands_on_the_token_the_whole_text_rule_picks(setup, monkeypatch):
+    """The incremental line-break check stops where decoding the whole output each step would: at the
+    first line break after non-blank text (a leading one does not count)."""
+    seed, _, engine, prompt = setup
+    steps = 24
+    prefill = engine.prefill(prompt)
+    tokens = engine.generate(prefill, parse_arm("fullkv"), None, StopRule(steps, newline=False)).token_ids
+    distinct = list(dict.fromkeys(tokens))
+    stops = []
+    for breaks in ({tokens[0]}, {tokens[0], tokens[steps // 2]}, {distinct[-1]}, {distinct[len(distinct) // 2]}):
+        tokenizer = LineTokenizer(breaks)
+        found = next((i + 1 for i in range(steps) if "\n" in tokenizer.decode(tokens[: i + 1]).lstrip()), None)
+        monkeypatch.setattr(engine, "tokenizer", tokenizer)
+        out = engine.generate(prefill, parse_arm("fullkv"), None, StopRule(steps, newline=True))
+        assert out.token_ids == tokens[: found or steps], f"breaks {breaks}, seed {seed}"
+        assert out.stop_reason == ("newline" if found else "max_new_tokens")
+        stops.append(found)
+    assert any(found and found > 1 for found in stops), f"no case stopped on a newline after text (seed {seed}): {tokens}"
 
 
 def test_small_budget_changes_the_output(setup):

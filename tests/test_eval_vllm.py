@@ -10,7 +10,7 @@ from locks_toolkit.kernels.vllm_backend.settings import parse_settings
 from locks_toolkit.suites import engine_vllm
 from locks_toolkit.suites.arms import parse_arm
 from locks_toolkit.suites.engine_vllm import ByteTokenizer, VllmEngine, VllmUnavailableError
-from locks_toolkit.suites.eval_runner import Request
+from locks_toolkit.suites.eval_runner import EvalConfigError, Request, config_from_mapping
 
 
 def _engine(preset: bool) -> VllmEngine:
@@ -40,6 +40,29 @@ def test_dense_arm_uses_stock_backend_and_preset_gets_a_config_dir(tmp_path, mon
 def test_arm_the_backend_does_not_serve():
     with pytest.raises(ValueError, match="not served by the vLLM backend"):
         _engine(preset=False)._llm_kwargs(Request(parse_arm("moment"), 64), max_len=100)
+
+
+def test_an_unserved_arm_fails_before_anything_runs(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from locks_toolkit.locks_cli.main import app
+
+    raw = {"suite": "ruler", "tasks": "niah_single_1", "lengths": "1k", "budgets": "64", "model": "tiny-llama",
+           "out": str(tmp_path / "o.jsonl"), "engine": "vllm", "arms": "fullkv,quest,moment"}  # fmt: skip
+    with pytest.raises(EvalConfigError, match=r"^arm moment is not served by the vLLM backend; use one of"):
+        config_from_mapping(raw)
+    assert config_from_mapping({**raw, "engine": "transformers"}).arms[-1].label == "moment"
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the engine was loaded before the arms were checked")
+
+    monkeypatch.setattr(engine_vllm, "load_vllm_engine", no_engine)
+    result = CliRunner().invoke(app, ["eval", "run", "--suite", "ruler", "--tasks", "niah_single_1", "--lengths", "1k",
+                                      "--arms", "fullkv,moment", "--budgets", "64", "--engine", "vllm",
+                                      "--model", "tiny-llama", "--out", raw["out"]])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "not served by the vLLM backend" in " ".join(result.output.split())
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 def test_no_cuda_is_one_clear_error(monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -111,3 +112,21 @@ def test_math_problems_load_and_grade_by_boxed_equivalence(tmp_path):
     assert score(spec, "so it is \\boxed{0.5}", instances[0].answers) == 1.0
     assert score(spec, "\\boxed{4}", instances[1].answers) == 1.0
     assert score(spec, "\\boxed{5}", instances[1].answers) == 0.0
+
+
+def test_file_backed_prompts_carry_their_token_count_counted_once(tmp_path):
+    _write_jsonl(tmp_path / "longbench/hotpotqa.jsonl", [_longbench_record(0), _longbench_record(1, words=40)])
+    _write_jsonl(tmp_path / "infinitebench/longbook_qa_eng.jsonl",
+                 [{"id": 5, "context": "A long book. " * 3000, "input": "Who won?", "answer": ["the fox"]}])  # fmt: skip
+    _write_jsonl(tmp_path / "math/aime24.jsonl", [{"problem": "Compute $2+2$.", "answer": 4}])
+    counted: Counter[str] = Counter()
+
+    def count(text: str) -> int:
+        counted[text] += 1
+        return approx_count_tokens(text)
+
+    for task, length in (("longbench_hotpotqa", 1024), ("longbook_qa_eng", 4096), ("aime24", 32768)):
+        for instance in iter_instances(load_task(task), length, None, count, data_dir=tmp_path):
+            assert instance.meta["prompt_tokens"] == approx_count_tokens(instance.prompt), task
+            assert counted[instance.prompt] == 1, task  # the count of the fit, not a second pass
+    assert max(counted.values()) == 1

@@ -122,6 +122,20 @@ def test_passkey_depth_sweeps_from_start_to_end():
     )  # right before the question
 
 
+@pytest.mark.parametrize("name", ["niah_single_1", "vt", "passkey", "kv_retrieval"])
+def test_the_fit_counts_each_prompt_once(name):
+    counted = Counter()
+
+    def count(text: str) -> int:
+        counted[text] += 1
+        return approx_count_tokens(text)
+
+    instances = list(iter_instances(load_task(name), LENGTH, 2, count, seed=3))
+    assert [counted[i.prompt] for i in instances] == [1, 1]  # prompt_tokens reuses the fit's count
+    assert max(counted.values()) == 1
+    assert [i.meta["prompt_tokens"] for i in instances] == [approx_count_tokens(i.prompt) for i in instances]
+
+
 def test_too_short_a_length_says_the_shortest_that_works():
     with pytest.raises(LengthError, match="use a length of at least"):
         next(iter_instances(load_task("niah_single_2"), 160, 1, approx_count_tokens))

@@ -133,6 +133,6 @@ def outlier_capture(q: torch.Tensor, keys: torch.Tensor, summaries: PageSummarie
 
 def envelope_gap(q: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor:
     """max_i q . k_i * scale - envelope score [..., G, P]; <= 0 because the envelope bounds every logit."""
-    keys = keys if keys.dtype == torch.float64 else keys.to(torch.float32)
+    keys = keys.to(accumulate_dtype(keys))
     envelope = envelope_scores(q, keys.amax(dim=-2), keys.amin(dim=-2), scale)
     return exact_logits(q, keys, scale).amax(-1) - envelope

@@ -61,9 +61,13 @@ class SummaryLayout:
         return self.coefficients_offset + self.coefficients_bytes
 
     @property
+    def basis_element_bits(self) -> int:
+        """Bits per stored basis value: the format's basis_bits, or 16 (float16) for rNfp."""
+        return self.fmt.basis_bits if self.fmt.quantized else 16
+
+    @property
     def basis_bytes(self) -> int:
-        bits = self.fmt.basis_bits if self.fmt.quantized else 16
-        return self.head_dim * self.rank * bits // 8
+        return self.head_dim * self.rank * self.basis_element_bits // 8
 
     @property
     def payload_bytes(self) -> int:

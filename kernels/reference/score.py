@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .summary import PageSummaries
-
-
-def accumulate_dtype(*tensors: torch.Tensor) -> torch.dtype:
-    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+from .summary import PageSummaries, accumulate_dtype
 
 
 def summary_logits(q: torch.Tensor, summaries: PageSummaries, scale: float) -> torch.Tensor:

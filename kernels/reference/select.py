@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import COMBINE_RULES
+from ..config import check_combine_rule
 
 
 def combine_group(scores: torch.Tensor, rule: str, page_mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -15,8 +15,7 @@ def combine_group(scores: torch.Tensor, rule: str, page_mask: torch.Tensor | Non
     page_mask [..., P] (True = candidate, e.g. page < num_pages) limits the softmax; masked pages
     get -inf under every rule so they are never selected. NaN scores count as -inf.
     """
-    if rule not in COMBINE_RULES:
-        raise ValueError(f"combine rule {rule!r} unknown; use one of {', '.join(COMBINE_RULES)}")
+    check_combine_rule(rule)
     scores = torch.nan_to_num(scores, nan=float("-inf"))
     if page_mask is not None:
         scores = scores.masked_fill(~page_mask.unsqueeze(-2), float("-inf"))

@@ -18,7 +18,7 @@ import torch
 
 from ..config import SummaryFormat
 from .packing import quantize_summaries
-from .score import exact_page_scores, summary_page_scores
+from .score import accumulate_dtype, exact_page_scores, summary_page_scores
 from .summary import PageSummaries, build_page_summaries
 
 
@@ -62,7 +62,7 @@ def make_scorer(name: str, fmt: SummaryFormat | str | None = None, **options: An
 
 
 def _float(x: torch.Tensor) -> torch.Tensor:
-    return x if x.dtype == torch.float64 else x.to(torch.float32)
+    return x.to(accumulate_dtype(x))
 
 
 @register_scorer("oracle")

@@ -71,10 +71,12 @@ class PageSummaries:
         return torch.where(kept, torch.zeros_like(eig), eig).sum(-1)
 
 
-def _compute_dtype(keys: torch.Tensor, compute_dtype: torch.dtype | None) -> torch.dtype:
-    if compute_dtype is not None:
-        return compute_dtype
-    return torch.float64 if keys.dtype == torch.float64 else torch.float32
+def accumulate_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """float64 if any input is float64, else float32: the reference's one precision rule.
+
+    Defined here (not in score.py, which re-exports it) because score.py imports this module.
+    """
+    return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
 def build_page_summaries(
@@ -91,7 +93,7 @@ def build_page_summaries(
     page_size = keys.shape[-2]
     if not 1 <= rank <= page_size:
         raise ValueError(f"rank {rank} is outside 1..{page_size} for pages of {page_size} keys; pass e.g. rank=8")
-    dtype = _compute_dtype(keys, compute_dtype)
+    dtype = accumulate_dtype(keys) if compute_dtype is None else compute_dtype
     keys = keys.to(dtype)
     centroid = keys.mean(dim=-2)
     deviations = keys - centroid.unsqueeze(-2)

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from ..config import PAGE_SIZE, SummaryFormat
+from ..config import PAGE_SIZE, SummaryFormat, cdiv
 
 SEED_ENV = "LOCKS_TEST_SEED"
 
@@ -63,7 +63,7 @@ def scrambled_paged_cache(
     """Contiguous keys/values [S, Hkv, T, d] -> (k_cache, v_cache [NB, B, Hkv, d], block_table [S, maxP])
     with pages placed in random physical blocks (garbage in unused blocks, -1 past each sequence)."""
     num_seqs, num_kv_heads, max_tokens, _ = keys.shape
-    max_pages = -(-max_tokens // PAGE_SIZE)
+    max_pages = cdiv(max_tokens, PAGE_SIZE)
     num_blocks = num_seqs * max_pages + extra_blocks
     order = torch.randperm(num_blocks, generator=gen)
     k_cache = torch.randn((num_blocks, PAGE_SIZE, num_kv_heads, keys.shape[-1]), generator=gen, dtype=keys.dtype) * 100
@@ -75,7 +75,7 @@ def scrambled_paged_cache(
     v_pages = torch.nn.functional.pad(values, (0, 0, 0, pad)).reshape(num_seqs, num_kv_heads, max_pages, PAGE_SIZE, -1)
     next_block = 0
     for s in range(num_seqs):
-        for p in range(-(-int(seq_lens[s]) // PAGE_SIZE)):
+        for p in range(cdiv(int(seq_lens[s]), PAGE_SIZE)):
             block = int(order[next_block])
             next_block += 1
             block_table[s, p] = block

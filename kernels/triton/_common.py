@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..config import cdiv  # noqa: F401  (re-exported: kernels and ops import it from here)
 from ..reference.packing import SummaryLayout
 
 FP32_EPS = float(torch.finfo(torch.float32).eps)
@@ -20,10 +21,6 @@ FP32_EPS = float(torch.finfo(torch.float32).eps)
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass(frozen=True)
@@ -48,7 +45,7 @@ class RowConstants:
             head_dim=layout.head_dim,
             page_size=layout.page_size,
             rank=layout.rank,
-            basis_bits=layout.fmt.basis_bits if layout.fmt.quantized else 16,
+            basis_bits=layout.basis_element_bits,
             coef_offset=layout.coefficients_offset,
             basis_offset=layout.basis_offset,
             scales_offset=layout.scales_offset,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import PAGE_SIZE, SummaryFormat
+from ..config import PAGE_SIZE, SummaryFormat, cdiv
 from ..reference.attention import paged_decode_reference
 from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
 from ..reference.score import summary_page_scores
@@ -141,7 +141,7 @@ def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.
     res = CheckResult(f"score_select {case}", seed)
     gen = generator(seed)
     layout = SummaryLayout(SummaryFormat.parse(case.fmt), case.head_dim)
-    num_pages = [-(-n // PAGE_SIZE) for n in case.seq_lens]
+    num_pages = [cdiv(n, PAGE_SIZE) for n in case.seq_lens]
     table, num_blocks = _scatter_pages(gen, num_pages)
     S, Hkv, G, d, k = len(num_pages), case.num_kv_heads, case.group, case.head_dim, case.page_budget
     max_pages = table.shape[1]
@@ -215,7 +215,7 @@ def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = 
     res = CheckResult(f"decode {case} {str(dtype)[6:]}", seed)
     gen = generator(seed)
     S, Hkv, G, d = len(case.seq_lens), case.num_kv_heads, case.group, case.head_dim
-    num_pages = [-(-n // PAGE_SIZE) for n in case.seq_lens]
+    num_pages = [cdiv(n, PAGE_SIZE) for n in case.seq_lens]
     table, num_blocks = _scatter_pages(gen, num_pages)
     k_cache = torch.randn((num_blocks, PAGE_SIZE, Hkv, d), generator=gen).to(dtype)
     v_cache = torch.randn((num_blocks, PAGE_SIZE, Hkv, d), generator=gen).to(dtype)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import COMBINE_RULES, PAGE_SIZE
+from ..config import PAGE_SIZE, check_combine_rule
 from ..reference.packing import SummaryLayout
 from . import build as _build
 from . import decode as _decode
@@ -38,7 +38,6 @@ def build_summaries(
     block_ids: torch.Tensor,
     summary_rows: torch.Tensor,
     layout: SummaryLayout,
-    scale_unused: float | None = None,
 ) -> None:
     """k_cache [NB, 16, Hkv, d] bf16/fp16/fp32, block_ids int32 [N] (<0 skipped) -> writes summary_rows uint8 [NB, Hkv, row_bytes]."""
     check(k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE, f"k_cache must be [NB, {PAGE_SIZE}, Hkv, d]; got {tuple(k_cache.shape)}")
@@ -99,7 +98,7 @@ def score_select(
     """q [S, Hq, d], rows uint8 [NB, Hkv, row_bytes], block_table int32 [S, maxP], seq_lens int32 [S] -> writes selected_pages int32 [S, Hkv, k] (logical ids ascending, -1 padded)."""
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads = summary_rows.shape[1] if num_kv_heads is None else num_kv_heads
-    check(combine in COMBINE_RULES, f"combine rule {combine!r} unknown; use one of {', '.join(COMBINE_RULES)}")
+    check_combine_rule(combine)
     check(num_q_heads % num_kv_heads == 0, f"{num_q_heads} query heads are not a multiple of {num_kv_heads} KV heads")
     check(head_dim == layout.head_dim and head_dim >= 32, f"q head dim {head_dim} != layout head dim {layout.head_dim} (or < 32)")
     check(q.stride(-1) == 1, "q must be contiguous in its last dim")

@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..config import COMBINE_RULES, ConfigError, LocksConfig, SelectionConfig, SummaryFormat
+from ..config import ConfigError, LocksConfig, SelectionConfig, SummaryFormat, check_combine_rule
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,7 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
     budget = raw.get("budget", SelectionConfig().budget_tokens)
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise ConfigError(f"budget must be an integer number of tokens (e.g. 2048), got {budget!r}")
-    combine = raw.get("combine", "share_average")
-    if combine not in COMBINE_RULES:
-        raise ConfigError(f"combine rule {combine!r} unknown; use one of {', '.join(COMBINE_RULES)}")
+    combine = check_combine_rule(raw.get("combine", "share_average"))
     scorer = raw.get("scorer", "locks")
     if scorer not in BACKEND_SCORERS:
         raise ConfigError(f"scorer {scorer!r} is not served by the vLLM backend; use one of {', '.join(BACKEND_SCORERS)}")
