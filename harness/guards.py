@@ -8,7 +8,7 @@ A guard returns a `GuardResult` whose status is one of pass / fail / unavailable
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 # NVML clock-event reason bits (nvmlClocksEventReason*; formerly "throttle reasons").
@@ -118,6 +118,44 @@ def check_throttle(
             )
     note = "sw_power_cap set (recorded, not rejected)" if seen & SW_POWER_CAP else ""
     return GuardResult(PASS, note, detail)
+
+
+def check_throttle_devices(
+    samples_by_device: Mapping[str, Sequence[dict] | None] | None,
+    sm_clock_max_by_device: Mapping[str, float | None],
+    sag_threshold: float,
+) -> GuardResult:
+    """The throttle guard over every GPU of a tensor-parallel engine: one slow GPU stalls every step.
+
+    Fails when any device fails, is unavailable when any device went unobserved, else passes. The
+    detail merges the devices' (reasons, clock range, sample count) and keeps each one's result under
+    `devices`. With one device it is exactly `check_throttle`.
+    """
+    if samples_by_device is None:
+        return check_throttle(None, None, sag_threshold)
+    results = {key: check_throttle(series, sm_clock_max_by_device.get(key), sag_threshold)
+               for key, series in samples_by_device.items()}
+    if len(results) == 1:
+        return next(iter(results.values()))
+    mask = 0
+    for result in results.values():
+        mask |= int(result.detail.get("reasons_mask") or 0)
+    lows = [r.detail["sm_mhz_min"] for r in results.values() if r.detail.get("sm_mhz_min") is not None]
+    highs = [r.detail["sm_mhz_max"] for r in results.values() if r.detail.get("sm_mhz_max") is not None]
+    detail = {
+        "reasons_seen": reason_names(mask),
+        "reasons_mask": mask,
+        "samples": sum(int(r.detail.get("samples") or 0) for r in results.values()),
+        "sm_mhz_min": min(lows) if lows else None,
+        "sm_mhz_max": max(highs) if highs else None,
+        "devices": {key: result.to_dict() for key, result in results.items()},
+    }
+    for status in (FAIL, UNAVAILABLE):
+        hits = [f"GPU {key}: {r.reason}" for key, r in results.items() if r.status == status]
+        if hits:
+            return GuardResult(status, "; ".join(hits), detail)
+    notes = [f"GPU {key}: {r.reason}" for key, r in results.items() if r.reason]
+    return GuardResult(PASS, "; ".join(notes), detail)
 
 
 def check_deployed(before: dict | None, after: dict | None, sparse_arm: bool) -> GuardResult:

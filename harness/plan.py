@@ -15,7 +15,7 @@ import yaml
 
 from ..kernels.config import PAGE_SIZE, ConfigError, SelectionConfig, SummaryFormat
 from .arms import get_arm
-from .presets import preset_names, read_model_dir_config
+from .presets import load_preset_config, preset_names, read_model_dir_config
 from .workload import format_size, parse_size
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class DecodePlan:
     isolation: str = "process"  # "process" (one subprocess per engine) or "inline" (debugging)
     silence_timeout_s: float = 1200.0  # an engine process silent this long is killed; its cells become errors
     peer_config: str | None = None  # LOCKS_CONFIG value for the locks-kv peer
+    tensor_parallel_size: int = 1  # vLLM TP: each of this many GPUs holds num_kv_heads / tp KV heads
 
     def __post_init__(self) -> None:
         for name in self.arms:
@@ -103,6 +104,7 @@ class DecodePlan:
             raise ConfigError(f"num_layers {self.num_layers} must be at least 1")
         if self.num_layers is not None and self.model not in preset_names():
             raise ConfigError("--layers applies to presets only; a local model dir keeps its own layer count")
+        self._check_tensor_parallel()
         limit = self.effective_max_model_len
         for context in self.contexts:
             if context + self.decode_tokens_per_request > limit:
@@ -110,6 +112,24 @@ class DecodePlan:
                     f"context {format_size(context)} ({context}) + {self.decode_tokens_per_request} decode tokens "
                     f"exceeds max_model_len {limit}; pass --max-model-len "
                     f"{context + self.decode_tokens_per_request} or a shorter ladder"
+                )
+
+    def _check_tensor_parallel(self) -> None:
+        """TP splits query and KV heads evenly over the ranks; vLLM would fail later and less clearly."""
+        tp = self.tensor_parallel_size
+        if tp < 1:
+            raise ConfigError(f"tensor_parallel_size {tp} must be at least 1; e.g. --tp 2")
+        if tp == 1:
+            return
+        config = load_preset_config(self.model) if self.model in preset_names() else read_model_dir_config(self.model)
+        q_heads = int(config["num_attention_heads"])
+        kv_heads = int(config.get("num_key_value_heads") or q_heads)
+        for what, heads in (("query", q_heads), ("KV", kv_heads)):
+            if heads % tp:
+                divisors = [d for d in range(1, kv_heads + 1) if q_heads % d == 0 and kv_heads % d == 0]
+                raise ConfigError(
+                    f"tensor_parallel_size {tp} does not divide the {heads} {what} heads of {self.model}; "
+                    f"use one of {', '.join(map(str, divisors))}"
                 )
 
     @property

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import nvml
 from . import provenance as prov
 from .arms import get_arm
 from .plan import DecodePlan
@@ -95,6 +96,8 @@ def cell_identity(plan: DecodePlan, arm: str, context: int, batch: int, budget: 
         "windows": plan.windows,
         "steps_per_window": plan.steps_per_window,
         "seed": plan.seed,
+        # Only TP > 1 cells carry the key, so cells stored before TP existed keep their identity (resume).
+        **({"tensor_parallel_size": plan.tensor_parallel_size} if plan.tensor_parallel_size > 1 else {}),
     }
 
 
@@ -129,6 +132,13 @@ def preflight(plan: DecodePlan) -> None:
                 f"arm(s) {', '.join(cuda_arms)} need a CUDA GPU and none is visible",
                 "run on the GPU machine, or use --arms cpu for a CPU smoke run",
             )
+        visible = torch.cuda.device_count()
+        if plan.tensor_parallel_size > 1 and plan.tensor_parallel_size > visible:
+            raise HarnessError(
+                f"--tp {plan.tensor_parallel_size} needs {plan.tensor_parallel_size} GPUs and {visible} are visible "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})",
+                f"pass --tp {max(visible, 1)} or fewer, or run on a machine with {plan.tensor_parallel_size} GPUs",
+            )
     for name in plan.arms:
         missing = get_arm(name).missing_plugin()
         if missing:
@@ -144,6 +154,8 @@ def run_plan(plan: DecodePlan, command: str | None = None, on_event: Event | Non
     geometry = ModelGeometry.from_config(config, plan.dtype)
     weights = weights_from_config(config, plan.dtype)
     provenance = prov.collect(command)
+    if plan.tensor_parallel_size > 1:  # `gpu` is the first; a TP engine's guards watch all of them
+        provenance["gpus"] = nvml.gpu_infos(nvml.engine_devices(plan.tensor_parallel_size))
     done = finished_keys(read_records(plan.output))
     summary = RunSummary()
     plan_knobs = asdict(plan)

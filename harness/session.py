@@ -4,7 +4,10 @@ Prompts are seeded random token ids (no tokenizer), sampling ignores EOS and nev
 every request decodes until we abort it. Each `step()` is timed (with a device sync on CUDA) and the
 tokens it emitted are counted per request from the engine's DELTA outputs, never by re-tokenizing.
 Requires VLLM_ENABLE_V1_MULTIPROCESSING=0 (set by the worker before vLLM is imported): only then is
-`step()` a synchronous schedule-execute-sample round trip whose wall time is the step latency.
+`step()` a synchronous schedule-execute-sample round trip whose wall time is the step latency. With
+tensor parallelism the engine core stays in this process and drives one worker process per rank
+(vLLM's "mp" executor); `step()` still returns only once the sampled tokens are back. Facts that
+live in the workers (backend, weights, Locks counters) are read on every rank (harness/ranks.py).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import ranks
 from .arms import SparseKnobs, get_arm
 from .plan import GRAPH_MODES, DecodePlan
 
@@ -68,8 +72,11 @@ class EngineSession:
             compilation_config=compilation_config,
             enforce_eager=enforce_eager,
             disable_log_stats=True,
+            tensor_parallel_size=plan.tensor_parallel_size,
             **self.arm.engine_kwargs(knobs),
         )
+        if plan.tensor_parallel_size > 1:
+            kwargs["distributed_executor_backend"] = "mp"  # one worker process per rank on this host
         if plan.kv_cache_memory_bytes is not None:
             kwargs["kv_cache_memory_bytes"] = plan.kv_cache_memory_bytes
         self.engine_kwargs = kwargs
@@ -84,7 +91,9 @@ class EngineSession:
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )
-        self._sync = _device_sync(self.arm.device)
+        # TP > 1: the ranks run in worker processes and step() has already waited for their tokens;
+        # a sync here would only open a CUDA context on GPU 0 in this process.
+        self._sync = _device_sync(self.arm.device if plan.tensor_parallel_size == 1 else "none")
 
     # -- facts about the engine -------------------------------------------------------------------
     @property
@@ -99,28 +108,34 @@ class EngineSession:
         per_request = -(-(context + self.plan.decode_tokens_per_request) // self.block_size)
         return batch * per_request
 
-    def backend_in_use(self) -> str | None:
-        """Name of the attention backend the model runner actually built (best effort; internal API)."""
+    def _on_every_rank(self, func, *args) -> list | None:
+        """`func(worker, *args)` on every TP rank (harness/ranks.py), in rank order; None if the RPC fails."""
         try:
-            core = self.engine.engine_core.engine_core
-            runner = core.model_executor.driver_worker.worker.model_runner
-            groups = runner.attn_groups
-            return groups[0][0].backend.get_name()
-        except Exception as exc:  # noqa: BLE001 - internal layout differs by version/platform
-            log.debug("could not read the attention backend in use: %s", exc)
+            return list(self.llm.collective_rpc(func, args=args))
+        except Exception as exc:  # noqa: BLE001 - internal API; a lost fact must not end the run
+            log.warning("collective_rpc(%s) failed: %s", getattr(func, "__name__", func), exc)
             return None
+
+    def backend_in_use(self) -> str | None:
+        """Name of the attention backend the model runners actually built ("A|B" if ranks disagree)."""
+        names = self._on_every_rank(ranks.rank_backend) or [None]
+        if any(name is None for name in names):
+            return None
+        return names[0] if len(set(names)) == 1 else "|".join(names)
+
+    def rank_facts(self) -> list | None:
+        """Per rank: rank, device and the query/KV heads that rank holds."""
+        return self._on_every_rank(ranks.rank_facts)
 
     def model_weights(self, tied_embeddings: bool) -> dict | None:
-        """Parameter bytes of the model the runner built (harness/weights.py dict); None if unreachable."""
-        from .weights import weights_from_model
+        """Parameter bytes of the model summed over ranks, with the busiest rank's (harness/ranks.py)."""
+        return ranks.combine_weights(self._on_every_rank(ranks.rank_weights, tied_embeddings) or [])
 
-        try:
-            core = self.engine.engine_core.engine_core
-            model = core.model_executor.driver_worker.worker.model_runner.get_model()
-            return weights_from_model(model, tied_embeddings)
-        except Exception as exc:  # noqa: BLE001 - internal layout differs by version/platform
-            log.debug("could not count the engine's model parameters: %s", exc)
+    def read_counters(self) -> dict | None:
+        """The arm's deployed-path counters summed over TP ranks; None when the arm has none."""
+        if self.arm.counters is None:
             return None
+        return ranks.sum_counters(self._on_every_rank(ranks.rank_counters, self.arm.counters) or [])
 
     # -- requests ----------------------------------------------------------------------------------
     def _prompt(self, context: int, tag: str):

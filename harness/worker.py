@@ -19,6 +19,7 @@ from .arms import SparseKnobs, get_arm
 from .plan import DecodePlan
 from .presets import ModelGeometry
 from .traffic import dense_bytes_per_step, floor_ms, locks_bytes_per_step, step_stats
+from .ranks import per_gpu_weights
 from .weights import choose_weights
 from ..kernels.config import SummaryFormat
 
@@ -50,6 +51,17 @@ class EngineJob:
         return SparseKnobs(self.budget, plan.summary_format, plan.scorer, plan.combine)
 
 
+# TP > 1 on shared multi-GPU hosts: NVLink multicast (NVLS) can take the host's GPUs out of service, so it
+# stays off in NCCL, PyTorch and NVSHMEM; vLLM's symmetric-memory all-reduce needs multicast on Hopper and
+# would switch itself off anyway, so it is not tried. Both arms of a pair get the same all-reduce.
+TP_ENVIRONMENT = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "VLLM_ALLREDUCE_USE_SYMM_MEM": "0",
+}
+
+
 def job_environment(job: EngineJob) -> dict[str, str]:
     """Environment the engine process needs, set before vLLM is imported (recorded in every record)."""
     env = {
@@ -63,6 +75,10 @@ def job_environment(job: EngineJob) -> dict[str, str]:
     if arm.device == "cpu":
         env["TORCHDYNAMO_DISABLE"] = "1"  # the CPU sampler would otherwise compile for ~12 s
         env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
+    if job.plan.tensor_parallel_size > 1:
+        env.update(TP_ENVIRONMENT)
+        if arm.device == "cpu":  # vLLM's CPU TP binds each rank to a NUMA node of its own by default
+            env["VLLM_CPU_OMP_THREADS_BIND"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     env.update(arm.environment(job.knobs, job.plan.peer_config))
     return env
 
@@ -98,7 +114,9 @@ def run_job(job: EngineJob, emit) -> None:
     except Exception as exc:  # noqa: BLE001 - any boot failure becomes a recorded status
         emit(_fatal("engine boot failed", exc))
         return
-    gpu = nvml.gpu_info()
+    devices = _devices(job)
+    gpus = {str(nvml.engine_devices(1)[0]): nvml.gpu_info()} if devices is None else nvml.gpu_infos(devices)
+    gpu = next(iter(gpus.values()))
     tied = bool((job.weights or {}).get("tied_embeddings", False))
     weights = choose_weights(session.model_weights(tied), job.weights)
     info = {
@@ -111,6 +129,9 @@ def run_job(job: EngineJob, emit) -> None:
         "env": job_environment(job),
         "dummy_weights": job.dummy_weights,
         "gpu_at_boot": gpu,
+        "gpus_at_boot": gpus,  # every GPU of the engine, keyed by its NVML name (TP > 1: one per rank)
+        "tensor_parallel_size": job.plan.tensor_parallel_size,
+        "ranks": session.rank_facts(),
         "weights": weights,
         "weights_config": job.weights,
     }
@@ -120,7 +141,7 @@ def run_job(job: EngineJob, emit) -> None:
         emit(_fatal("warm-up failed", exc))
         return
     emit({"type": "engine", "info": info})
-    sm_max = (gpu or {}).get("sm_clock_max_mhz")
+    sm_max = {key: (info_ or {}).get("sm_clock_max_mhz") for key, info_ in gpus.items()}
     frontier: int | None = None
     for index, batch in enumerate(job.batch_sizes):
         if frontier is not None:
@@ -152,15 +173,28 @@ def run_job(job: EngineJob, emit) -> None:
     emit({"type": "done"})
 
 
+def _devices(job: EngineJob) -> list[int | str] | None:
+    """NVML names of the engine's GPUs when it spans several (TP > 1); None: this process's own GPU."""
+    tp = job.plan.tensor_parallel_size
+    return nvml.engine_devices(tp) if tp > 1 and get_arm(job.arm).device == "cuda" else None
+
+
+def _slowest_clock(devices: list[int | str] | None) -> float | None:
+    """SM clock of the slowest engine GPU now (a TP step waits for every rank); None without NVML."""
+    samples = [nvml.sample()] if devices is None else [nvml.sample(device) for device in devices]
+    clocks = [item["sm_mhz"] for item in samples if item and item.get("sm_mhz")]
+    return min(clocks) if clocks else None
+
+
 def _warm_up(session, job: EngineJob) -> dict:
     """One full prefill, then decode until the SM clock is stable (NVML) or the ramp limits are hit."""
     plan = job.plan
     pre = session.prefill(job.batch_sizes[0], job.context, "warm")
     clocks: list[float | None] = []
+    devices = _devices(job)
 
     def ramp_done(index: int) -> bool:
-        current = nvml.sample()
-        clocks.append(current["sm_mhz"] if current else None)
+        clocks.append(_slowest_clock(devices))
         if index + 1 < plan.ramp_min_steps:
             return False
         recent = [c for c in clocks[-_CLOCK_WINDOW:] if c]
@@ -175,23 +209,26 @@ def _warm_up(session, job: EngineJob) -> dict:
             "ramp_sm_mhz": clocks}
 
 
-def measure_cell(session, job: EngineJob, batch: int, sm_max, with_ttft: bool, weights: dict | None = None) -> dict:
+def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: bool, weights: dict | None = None) -> dict:
     """Prefill, settle, timed windows with guards, abort; optionally the TTFT repeats.
 
+    sm_max: the max SM clock of each engine GPU, keyed like `ThrottleSampler.by_device`. Counters are
+    summed over TP ranks and every GPU is sampled: a window is clean only if every GPU was.
     Returns the status, reason and measurement fields of a record (names of reports/schemas.py).
     """
     plan, arm = job.plan, get_arm(job.arm)
     pre = session.prefill(batch, job.context, "measure")
     settle = session.decode(pre.request_ids, plan.settle_steps) if plan.settle_steps else None
     windows, verdicts, deployed = [], [], []
-    counters_start = arm.read_counters()
+    devices = _devices(job)
+    counters_start = session.read_counters()
     for _ in range(plan.windows):
-        before = arm.read_counters()
-        with nvml.ThrottleSampler() as sampler:
+        before = session.read_counters()
+        with nvml.ThrottleSampler(devices=devices) as sampler:
             log_ = session.decode(pre.request_ids, plan.steps_per_window)
-        after = arm.read_counters()
+        after = session.read_counters()
         lockstep = guards.check_lockstep(log_.step_tokens, log_.step_requests, batch)
-        throttle = guards.check_throttle(sampler.samples, sm_max, plan.clock_sag_threshold)
+        throttle = guards.check_throttle_devices(sampler.by_device, sm_max, plan.clock_sag_threshold)
         if arm.counters is not None:
             dep = guards.check_deployed(before, after, sparse_arm=True)
         else:
@@ -199,8 +236,8 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max, with_ttft: bool, w
         verdict = guards.judge_window(lockstep, throttle, plan.require_nvml)
         verdicts.append(verdict)
         deployed.append(dep)
-        windows.append(_window_record(log_, sampler.samples, lockstep, throttle, dep, verdict))
-    counters_end = arm.read_counters()
+        windows.append(_window_record(log_, sampler, lockstep, throttle, dep, verdict))
+    counters_end = session.read_counters()
     session.abort(pre.request_ids)
     status, reason = guards.judge_cell(verdicts, deployed)
     clean_ms = [ms for w in windows if w["clean"] for ms in w["step_ms"]]
@@ -263,8 +300,9 @@ def build_estimate(ttft: dict, sparse: bool) -> tuple[float | None, str]:
                   f"that builds summaries inside every prefill carries the cost in steady TTFT")
 
 
-def _window_record(log_, samples, lockstep, throttle, dep, verdict) -> dict:
+def _window_record(log_, sampler, lockstep, throttle, dep, verdict) -> dict:
     detail = throttle.detail
+    by_device = sampler.by_device if sampler.by_device is not None and len(sampler.by_device) > 1 else None
     return {
         **asdict(log_),
         "lockstep_ok": not lockstep.rejects,
@@ -278,8 +316,10 @@ def _window_record(log_, samples, lockstep, throttle, dep, verdict) -> dict:
             "sm_clock_min_mhz": detail.get("sm_mhz_min"),
             "sm_clock_max_mhz": detail.get("sm_mhz_max"),
             "reason": throttle.reason,
+            **({"devices": detail["devices"]} if "devices" in detail else {}),
         },
-        "nvml_samples": samples,
+        "nvml_samples": sampler.samples,  # the first GPU's (the only one at TP = 1)
+        **({"nvml_samples_by_device": by_device} if by_device else {}),
         "guards": {"lockstep": lockstep.to_dict(), "throttle": throttle.to_dict(), "deployed": dep.to_dict()},
     }
 
@@ -290,16 +330,15 @@ def measure_ttft(session, job: EngineJob) -> dict:
     The backend counters (sparse arms) are read around the last steady prefill only: their delta is
     the summary work one prefill does (summaries built, eager build calls, their CUDA-event time).
     """
-    arm = get_arm(job.arm)
     first = session.prefill(1, job.context, "ttft-first")
     session.abort(first.request_ids)
     steady, build_counters = [], None
     for index in range(job.plan.ttft_repeats):
         last = index == job.plan.ttft_repeats - 1
-        before = arm.read_counters() if last else None
+        before = session.read_counters() if last else None
         again = session.prefill(1, job.context, "ttft")
         if before is not None:  # read before abort: aborting steps the engine
-            build_counters = _delta(before, arm.read_counters())
+            build_counters = _delta(before, session.read_counters())
         session.abort(again.request_ids)
         steady.append(again.ttft_ms)
     return {
@@ -335,9 +374,22 @@ def _bytes(job: EngineJob, batch: int, weights: dict | None) -> dict:
                    selected_kv_bytes=parts["selected_kv_bytes"], summary_row_bytes=parts["summary_row_bytes"],
                    page_budget=parts["page_budget"])
     attention = out["locks"] if out["locks"] is not None else dense
-    out["floor_ms"] = floor_ms(attention, plan.hbm_bytes_per_s)
     out["weights"] = weights["read_per_step"] if weights else None
     out["weights_source"] = weights["source"] if weights else None
     out["step_bytes"] = attention + out["weights"] if weights else None
-    out["step_floor_ms"] = floor_ms(out["step_bytes"], plan.hbm_bytes_per_s) if weights else None
+    # dense/locks/weights/step_bytes above are totals over all GPUs. Under TP each rank reads its own
+    # num_kv_heads / tp heads and weight shard and the ranks stream in parallel, so the floors are one
+    # GPU's bytes over one GPU's bandwidth (at TP = 1 per GPU and total coincide).
+    tp = plan.tensor_parallel_size
+    per_gpu_attention = attention // tp  # exact: tp divides the KV heads (plan validation)
+    per_gpu_weight = per_gpu_weights(weights, tp)
+    out["tensor_parallel_size"] = tp
+    out["per_gpu"] = {
+        "attention": per_gpu_attention,
+        "weights": per_gpu_weight,
+        "step_bytes": per_gpu_attention + per_gpu_weight if per_gpu_weight is not None else None,
+    }
+    out["floor_ms"] = floor_ms(per_gpu_attention, plan.hbm_bytes_per_s)
+    step_gpu = out["per_gpu"]["step_bytes"]
+    out["step_floor_ms"] = floor_ms(step_gpu, plan.hbm_bytes_per_s) if step_gpu is not None else None
     return out

@@ -24,6 +24,16 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def scored_pages(seq_len: int) -> int:
+    """Pages whose scores enter each head's softmax normalizer: every page before the recent one.
+
+    The recent page (the one holding the newest token) is always kept, so it never competes. Leaving
+    it out even when it is full lets a page's summary be built one step after the page completes
+    (one launch for every layer, instead of one per layer inside the step that completes it).
+    """
+    return max(seq_len - 1, 0) // PAGE_SIZE
+
+
 class ConfigError(ValueError):
     """A configuration value is invalid; the message says what to pass instead."""
 

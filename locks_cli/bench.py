@@ -57,6 +57,8 @@ def decode(
     require_nvml: Optional[bool] = typer.Option(None, "--require-nvml/--allow-no-nvml", help="Refuse cells without NVML."),
     isolation: Optional[str] = typer.Option(None, help="process (one engine process per arm/context) or inline."),
     peer_config: Optional[str] = typer.Option(None, help="LOCKS_CONFIG value for the locks-kv peer arm."),
+    tensor_parallel_size: Optional[int] = typer.Option(
+        None, "--tensor-parallel-size", "--tp", help="vLLM tensor parallelism: GPUs per engine (divides the query and KV heads)."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSONL result file (appended; reruns resume)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the cells (and which are already stored); run nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print this run's records as a JSON array instead of markdown."),
@@ -71,6 +73,7 @@ def decode(
         "graph_mode": graph_mode, "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization,
         "summary_format": summary_format, "seed": seed, "require_nvml": require_nvml, "isolation": isolation,
         "peer_config": peer_config, "output": str(out) if out is not None else None,
+        "tensor_parallel_size": tensor_parallel_size,
     }
     try:
         plan = load_plan(plan_file, overrides)
@@ -142,6 +145,40 @@ def _run(plan, as_json: bool) -> None:
         _stderr.print(f"[bold red]error:[/] {len(errors)} cell(s) failed; first: {errors[0].get('reason')}")
         _stderr.print("[yellow]hint:[/] rerun the same command to retry them (finished cells are kept)")
         raise typer.Exit(1)
+
+
+@app.command("tp-check")
+def tp_check(
+    tp: int = typer.Option(2, "--tp", help="Tensor parallel size compared with TP=1."),
+    arms: str = typer.Option("fa3,locks", help="dense,sparse arms (CPU: cpu,locks-cpu)."),
+    context: str = typer.Option("16k", help="Prompt length, e.g. 16k (must exceed the budget)."),
+    steps: int = typer.Option(32, help="Greedy decode steps compared."),
+    budget: int = typer.Option(2048, help="Locks token budget."),
+    layers: int = typer.Option(4, help="Layers of the random checkpoint (GLM-4-9B attention geometry)."),
+    tolerance: float = typer.Option(0.1, help="Allowed excess of Locks' max |delta logprob| over the dense arm's (nats)."),
+    graph_mode: str = typer.Option("full_decode_only", help="full_decode_only | eager | compile."),
+    dtype: str = typer.Option("bfloat16", help="Checkpoint and engine dtype."),
+    seed: int = typer.Option(0, help="Seed of the checkpoint and the prompt."),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSONL file the record is appended to."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole record as JSON."),
+) -> None:
+    """Locks at TP=N vs TP=1 on a seeded random checkpoint, next to the dense arm's own TP drift."""
+    from ..harness.tp_check import main as tp_check_main
+    from ..harness.workload import parse_size
+    from ..kernels.config import ConfigError
+
+    dense, _, sparse = arms.partition(",")
+    argv = ["--tp", str(tp), "--arms", arms, "--context", str(parse_size(context)), "--steps", str(steps),
+            "--budget", str(budget), "--layers", str(layers), "--tolerance", str(tolerance), "--graph-mode", graph_mode,
+            "--dtype", dtype, "--seed", str(seed)] + (["--out", str(out)] if out else [])
+    if not sparse:
+        raise fail(f"--arms {arms!r} must name a dense and a sparse arm", "e.g. --arms fa3,locks")
+    try:
+        code = tp_check_main(argv, print_record=as_json)
+    except ConfigError as exc:
+        raise fail(str(exc), "see `locks bench tp-check --help`") from None
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("kernel")

@@ -1,6 +1,6 @@
 """Decode records -> one tidy frame -> the decode-efficiency ladder (batch 1).
 
-A cell is (setup, arm label, context, batch) with setup = (model, layers, graph mode, weights, dtype)
+A cell is (setup, arm label, context, batch) with setup = (model, layers, graph mode, weights, dtype, TP)
 and the arm label carrying the sparse knobs (format, budget). Speedup is always against the faster
 dense arm of the same (setup, context, batch); guard outcomes are recomputed from the raw windows.
 """
@@ -18,7 +18,7 @@ from .floor import KV_ONLY, PRESET, step_floor
 from .records import Record, dig, status_of
 from .schemas import is_dense_arm
 
-SETUP_KEYS = ["model", "num_layers", "graph_mode", "dummy_weights", "dtype"]
+SETUP_KEYS = ["model", "num_layers", "graph_mode", "dummy_weights", "dtype", "tensor_parallel_size"]
 CELL_KEYS = SETUP_KEYS + ["arm_label", "context_tokens", "batch_size"]
 
 
@@ -122,6 +122,7 @@ def _row(record: Record) -> dict:
         "budget_tokens": budget,
         "dense": dense,
         "dtype": str(cell.get("dtype") or ""),
+        "tensor_parallel_size": int(cell.get("tensor_parallel_size") or 1),  # absent before TP existed: 1
         "arm_label": arm if dense else arm_label(arm, cell),
         "context_tokens": int(cell.get("context_tokens") or 0),
         "batch_size": int(cell.get("batch_size") or 1),
@@ -184,10 +185,11 @@ def _with_dense_ttft(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def setup_title(setup: tuple) -> str:
-    model, layers, graph_mode, dummy, dtype = setup
+    model, layers, graph_mode, dummy, dtype, tp = setup
     layers_text = "all layers" if layers == -1 else f"{layers} layers"
     dtype_text = f", {dtype}" if dtype else ""
-    return f"{model}, {layers_text}{dtype_text}, graph {graph_mode}, {'dummy' if dummy else 'real'} weights"
+    tp_text = f", TP={tp}" if tp != 1 else ""
+    return f"{model}, {layers_text}{dtype_text}{tp_text}, graph {graph_mode}, {'dummy' if dummy else 'real'} weights"
 
 
 def cell_name(row: pd.Series) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ..kernels.config import PAGE_SIZE, SelectionConfig
+from ..kernels.config import PAGE_SIZE, SelectionConfig, scored_pages
 from ..kernels.reference.select import combine_group, select_pages
 from ..kernels.reference.selectors import PageScorer
 from .arms import Arm, continuation_scorer, prompt_scorer
@@ -97,11 +97,12 @@ class PageSelector:
         page_budget = self.selection.page_budget
         if num_pages <= page_budget:
             return None
-        full = self._extend(layer, keys)
+        self._extend(layer, keys)
         scorer = self.scorers[layer]
         scores = torch.cat([scorer.scores(chunk.state, query, scale) for chunk in self.chunks[layer]], dim=-1)
-        if full < num_pages:  # the partial last page is the recent page: always kept, never scored
-            scores = torch.nn.functional.pad(scores, (0, num_pages - full), value=float("-inf"))
+        # The recent page (full or not) is always kept and never scored (config.scored_pages).
+        scored = scored_pages(keys.shape[1])
+        scores = torch.nn.functional.pad(scores[..., :scored], (0, num_pages - scored), value=float("-inf"))
         group = combine_group(scores, self.selection.combine)
         self.sparse_steps += 1
         return select_pages(group, num_pages, page_budget)

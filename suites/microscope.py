@@ -123,7 +123,7 @@ class StepPages:
     keys: torch.Tensor
     values: torch.Tensor
     token_counts: torch.Tensor  # int64 [P]
-    full_pages: int  # F: pages with all B slots written (they have summaries)
+    full_pages: int  # F: the scored pages, every page before the recent one (all full, all summarized)
 
     @property
     def num_pages(self) -> int:
@@ -158,7 +158,7 @@ def step_pages(record: CapturedRecord, layer_index: int, step: int, page_size: i
         keys=keys,
         values=page_view(record.values[layer_index], seq_len, page_size),
         token_counts=counts,
-        full_pages=seq_len // page_size,
+        full_pages=max(seq_len - 1, 0) // page_size,  # as config.scored_pages: the recent page never competes
     )
 
 

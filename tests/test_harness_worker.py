@@ -35,6 +35,7 @@ class ScriptedSession:
         if self.boot_error is not None:
             raise self.boot_error
         self.plan, self.boot_s, self.block_size, self.engine_kwargs = plan, 0.01, 16, {"model": model_dir}
+        self.arm = arm
         self.steps = 0
         self.live: list[str] = []
         self.ttfts = list(self.ttft_script or [])
@@ -44,6 +45,12 @@ class ScriptedSession:
 
     def backend_in_use(self):
         return "SCRIPTED"
+
+    def rank_facts(self):
+        return None
+
+    def read_counters(self):  # one rank, in this process
+        return ARMS[self.arm].read_counters()
 
     def blocks_needed(self, batch, context):
         return batch * -(-(context + self.plan.decode_tokens_per_request) // self.block_size)

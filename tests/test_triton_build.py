@@ -63,3 +63,38 @@ def test_build_with_several_pages_per_program(device, fmt, head_dim, dtype, num_
                          num_kv_heads=num_kv_heads, num_pages=num_pages)
     print(result)
     assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("fmt", "dtype"), [("r8i4", torch.bfloat16), ("r4fp", torch.float32)])
+def test_one_launch_builds_every_layer_like_per_layer_builds(device, fmt, dtype):
+    """build_summaries_layers over 3 layers (own keys each) writes exactly what 3 build_summaries calls write,
+    and only the rows of the given blocks (a -1 id is skipped)."""
+    from locks_toolkit.kernels.config import SummaryFormat
+    from locks_toolkit.kernels.reference.packing import SummaryLayout
+    from locks_toolkit.kernels.triton import ops
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    layout = SummaryLayout(SummaryFormat.parse(fmt), 64)
+    caches = [(torch.randn((5, 16, 2, 64), generator=gen) * 3).to(dtype).to(device) for _ in range(3)]
+    rows = [torch.full((5, 2, layout.row_bytes), 0xCD, dtype=torch.uint8, device=device) for _ in range(3)]
+    expected = [r.clone() for r in rows]
+    ids = torch.tensor([3, -1, 0], dtype=torch.int32, device=device)
+    for k, want in zip(caches, expected):
+        ops.build_summaries(k, ids, want, layout)
+    ops.build_summaries_layers(ops.layer_tables(caches, rows, layout), ids, layout)
+    for got, want in zip(rows, expected):
+        assert torch.equal(got.cpu(), want.cpu())
+    assert bool((rows[1][[1, 2, 4]] == 0xCD).all())
+
+
+def test_layer_tables_refuse_mismatched_layers():
+    from locks_toolkit.kernels.config import SummaryFormat
+    from locks_toolkit.kernels.reference.packing import SummaryLayout
+    from locks_toolkit.kernels.triton import ops
+
+    layout = SummaryLayout(SummaryFormat.parse("r8i4"), 64)
+    rows = [torch.zeros((5, 2, layout.row_bytes), dtype=torch.uint8) for _ in range(2)]
+    caches = [torch.zeros((5, 16, 2, 64)), torch.zeros((6, 16, 2, 64))]
+    with pytest.raises(ValueError, match="layer 0"):
+        ops.layer_tables(caches, rows, layout)

@@ -159,14 +159,31 @@ def test_builder_splits_rows_and_finds_the_pages_that_complete(model_dir, builde
         builder = builder_cls(spec, LAYERS, config, torch.device("cpu"))
     assert builder.reorder_batch_threshold == 1
     table = random_block_table(torch.Generator().manual_seed(7), 5)
-    # Rows: decode completing page 1 (seq 32), decode mid-page (seq 45), decode with 5 pages > k=4
-    # (seq 77), padded graph row (query 0, seq 0), then a chunked prefill: context 10 -> 51 tokens.
-    query_lens, seq_lens = [1, 1, 1, 0, 41], [32, 45, 77, 0, 51]
+    # Every layer registered with its own keys; summary rows poisoned.
+    from locks_toolkit.kernels.reference.packing import pack_summaries
+    from locks_toolkit.kernels.reference.summary import build_page_summaries
+    from locks_toolkit.kernels.vllm_backend.summary_store import STORE
+
+    layout = builder._locks_layout
+    gen = torch.Generator().manual_seed(11)
+    caches = {name: torch.randn((200, PAGE, NUM_KV_HEADS, HEAD_DIM), generator=gen) for name in LAYERS}
+    rows = {name: torch.full((200, NUM_KV_HEADS, layout.row_bytes), 0xEE, dtype=torch.uint8) for name in LAYERS}
+    for name in LAYERS:
+        STORE.register(name, caches[name], rows[name])
+    # Rows: decode whose previous token completed page 1 (seq 33), decode completing page 2 right now
+    # (seq 48: built next step), decode with 5 pages > k=4 (seq 77), padded graph row (query 0, seq 0),
+    # then a chunked prefill: context 10 -> 51 tokens.
+    query_lens, seq_lens = [1, 1, 1, 0, 41], [33, 48, 77, 0, 51]
     counters.reset()
     metadata = builder.build(0, make_cam(query_lens, seq_lens, table))
     step = metadata.locks
     assert (step.num_decodes, step.num_reqs) == (4, 5)
-    assert step.decode_summary_blocks.tolist() == [int(table[0, 1]), -1, -1, -1]
+    block = int(table[0, 1])
+    for name in LAYERS:  # page 1 of row 0 was built on every layer, nothing else was written
+        keys = caches[name][block].permute(1, 0, 2)[:, None, None]  # [Hkv, 1, 1, 16, d]
+        expected = pack_summaries(build_page_summaries(keys, layout.rank), layout.fmt)[:, 0, 0]
+        assert torch.equal(rows[name][block], expected)
+        assert int((rows[name] != 0xEE).any(dim=(1, 2)).sum()) == 1
     # Pages [10 // 16, 51 // 16) = 0, 1, 2 of the prefill row completed in this step.
     assert step.prefill_summary_blocks.tolist() == [int(table[4, p]) for p in (0, 1, 2)]
     assert step.selected_pages.shape == (4, NUM_KV_HEADS, 4)
@@ -218,3 +235,17 @@ def test_layers_locks_cannot_serve_are_named_with_a_reason():
     assert unsupported_reason(SimpleNamespace(**plain | {"logits_soft_cap": 50.0})) == "logit soft-capping"
     assert unsupported_reason(SimpleNamespace(**plain | {"sinks": torch.zeros(4)})) == "attention sinks"
     assert unsupported_reason(SimpleNamespace(**plain | {"attn_type": "encoder_only"})).startswith("attention type")
+
+
+def test_exact_check_accepts_a_bf16_near_tie_and_rejects_a_real_divergence():
+    from locks_toolkit.kernels.vllm_backend.gpu_check import LOGPROB_TOL, compare_exact
+
+    def run(tokens, table):
+        return {"tokens": tokens, "logprobs": [{t: SimpleNamespace(logprob=lp) for t, lp in row.items()} for row in table]}
+
+    fa = run([5, 7, 9], [{5: -0.5, 6: -1.5}, {7: -0.70, 8: -0.72}, {9: -0.1}])
+    assert compare_exact(fa, run([5, 7, 9], [{5: -0.51}, {7: -0.69}, {9: -0.1}]))["pass"]
+    near_tie = compare_exact(fa, run([5, 8, 3], [{5: -0.5}, {8: -0.70}, {3: -0.2}]))
+    assert near_tie["pass"] and near_tie["tokens_agree_prefix"] == 1
+    assert not compare_exact(fa, run([6, 7, 9], [{6: -0.4}, {7: -0.7}, {9: -0.1}]))["pass"]  # gap 1.0 at step 0
+    assert not compare_exact(fa, run([5, 7, 9], [{5: -0.5 - 2 * LOGPROB_TOL}, {7: -0.7}, {9: -0.1}]))["pass"]

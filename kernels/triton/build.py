@@ -126,9 +126,18 @@ def _build_kernel(
     s_blk, s_tok, s_head, s_dim, num_kv_heads, num_items, row_bytes,
     D: tl.constexpr, DH_PAD: tl.constexpr, DC: tl.constexpr, P: tl.constexpr, B: tl.constexpr, R: tl.constexpr,
     BITS: tl.constexpr, COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr, USED: tl.constexpr,
-    MAX_SWEEPS_C: tl.constexpr, EPS: tl.constexpr,
+    MAX_SWEEPS_C: tl.constexpr, EPS: tl.constexpr, LAYERED: tl.constexpr = False, K_DTYPE: tl.constexpr = None,
 ):
     DH: tl.constexpr = D // 2
+    if LAYERED:
+        # Grid axis 1 = layer: k_ptr and rows_u8 are int64 address tables [L] of same-shaped tensors,
+        # so one launch builds a completed page on every layer (a decode-time build is pure latency).
+        layer = tl.program_id(1)
+        k_ptr = tl.load(k_ptr + layer).to(tl.pointer_type(K_DTYPE))
+        row_addr = tl.load(rows_u8 + layer)
+        rows_u8 = row_addr.to(tl.pointer_type(tl.uint8))
+        rows_i8 = row_addr.to(tl.pointer_type(tl.int8))
+        rows_f16 = row_addr.to(tl.pointer_type(tl.float16))
     item = tl.program_id(0) * P + tl.arange(0, P)  # work item = block index * Hkv + head
     in_range = item < num_items
     blk = tl.load(block_ids_ptr + item // num_kv_heads, mask=in_range, other=-1)

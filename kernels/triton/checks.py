@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import PAGE_SIZE, SummaryFormat, cdiv
+from ..config import PAGE_SIZE, SummaryFormat, cdiv, scored_pages
 from ..reference.attention import paged_decode_reference
 from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
 from ..reference.score import summary_page_scores
@@ -151,7 +151,7 @@ def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.
     packed = pack_summaries(build_page_summaries(keys, layout.rank), layout.fmt)  # [S, Hkv, maxP, row]
     rows = torch.randint(0, 256, (num_blocks, Hkv, layout.row_bytes), generator=gen, dtype=torch.uint8)
     for s, n in enumerate(num_pages):
-        full = case.seq_lens[s] // PAGE_SIZE  # the partial last page has no summary: leave garbage
+        full = scored_pages(case.seq_lens[s])  # the recent page (full or not) is never read: leave garbage
         rows[table[s, :full].long()] = packed[s, :, :full].transpose(0, 1)
     q = torch.randn((S, Hkv * G, d), generator=gen).to(q_dtype)
     scale = d**-0.5
@@ -171,7 +171,7 @@ def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.
 
     scores = summary_page_scores(q.double().reshape(S, Hkv, G, d), unpack_summaries(packed, layout), scale)
     for s, n in enumerate(num_pages):
-        full = case.seq_lens[s] // PAGE_SIZE
+        full = scored_pages(case.seq_lens[s])
         page_mask = torch.arange(max_pages) < full
         group_scores = combine_group(scores[s], case.combine, page_mask)  # [Hkv, maxP] fp64
         expected = select_pages(group_scores, n, k)

@@ -7,7 +7,11 @@ host, nothing is allocated inside (outputs and scratch come from the caller; use
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import torch
+import triton.language as tl
 
 from ..config import PAGE_SIZE, check_combine_rule
 from ..reference.packing import SummaryLayout
@@ -18,6 +22,7 @@ from ._common import FP32_EPS, RowConstants, cdiv, check, device_index, dot_in_f
 
 ScoreSelectWorkspace = _ss.ScoreSelectWorkspace
 DecodeWorkspace = _decode.DecodeWorkspace
+_TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 def _check_rows(summary_rows: torch.Tensor, layout: SummaryLayout, num_kv_heads: int) -> None:
@@ -33,13 +38,7 @@ def _check_rows(summary_rows: torch.Tensor, layout: SummaryLayout, num_kv_heads:
     )
 
 
-def build_summaries(
-    k_cache: torch.Tensor,
-    block_ids: torch.Tensor,
-    summary_rows: torch.Tensor,
-    layout: SummaryLayout,
-) -> None:
-    """k_cache [NB, 16, Hkv, d] bf16/fp16/fp32, block_ids int32 [N] (<0 skipped) -> writes summary_rows uint8 [NB, Hkv, row_bytes]."""
+def _check_build(k_cache: torch.Tensor, block_ids: torch.Tensor, summary_rows: torch.Tensor, layout: SummaryLayout) -> None:
     check(k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE, f"k_cache must be [NB, {PAGE_SIZE}, Hkv, d]; got {tuple(k_cache.shape)}")
     num_blocks, _, num_kv_heads, head_dim = k_cache.shape
     check(head_dim == layout.head_dim and head_dim % 2 == 0 and head_dim >= 32,
@@ -47,20 +46,73 @@ def build_summaries(
     check(block_ids.dtype == torch.int32 and block_ids.dim() == 1, f"block_ids must be int32 [N]; got {block_ids.dtype} {tuple(block_ids.shape)}")
     _check_rows(summary_rows, layout, num_kv_heads)
     check(summary_rows.shape[0] >= num_blocks, f"summary_rows has {summary_rows.shape[0]} blocks < k_cache's {num_blocks}")
-    if block_ids.numel() == 0:
-        return
+
+
+def _launch_build(k_arg, rows_args, k_like: torch.Tensor, block_ids: torch.Tensor, layout: SummaryLayout, layers: int | None) -> None:
+    """One build launch; layers=None: k_arg/rows_args are the tensors, else int64 address tables of `layers` layers."""
+    _, _, num_kv_heads, head_dim = k_like.shape
     rc = RowConstants.of(layout)
-    rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
     items = block_ids.numel() * num_kv_heads
     pages = _build.build_tile(items)  # decode-time builds (few items): one page per program, lowest latency
-    _build._build_kernel[(cdiv(items, pages),)](
-        k_cache, block_ids, rows_u8, rows_i8, rows_f16,
-        *k_cache.stride(), num_kv_heads, items, rc.row_bytes,
+    _build._build_kernel[(cdiv(items, pages), layers or 1)](
+        k_arg, block_ids, *rows_args,
+        *k_like.stride(), num_kv_heads, items, rc.row_bytes,
         D=head_dim, DH_PAD=next_pow2(head_dim // 2), DC=min(_build.DIM_CHUNK, next_pow2(head_dim // 2)), P=pages,
         B=PAGE_SIZE, R=rc.rank, BITS=rc.basis_bits,
         COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset, USED=rc.used_bytes,
-        MAX_SWEEPS_C=_build.MAX_SWEEPS, EPS=FP32_EPS, num_warps=_build.NUM_WARPS,
+        MAX_SWEEPS_C=_build.MAX_SWEEPS, EPS=FP32_EPS, LAYERED=layers is not None,
+        K_DTYPE=_TL_DTYPES[k_like.dtype] if layers is not None else None, num_warps=_build.NUM_WARPS,
     )
+
+
+def build_summaries(
+    k_cache: torch.Tensor,
+    block_ids: torch.Tensor,
+    summary_rows: torch.Tensor,
+    layout: SummaryLayout,
+) -> None:
+    """k_cache [NB, 16, Hkv, d] bf16/fp16/fp32, block_ids int32 [N] (<0 skipped) -> writes summary_rows uint8 [NB, Hkv, row_bytes]."""
+    _check_build(k_cache, block_ids, summary_rows, layout)
+    if block_ids.numel():
+        _launch_build(k_cache, row_views(summary_rows), k_cache, block_ids, layout, None)
+
+
+@dataclass(frozen=True)
+class LayerTables:
+    """Device address tables of L layers' key caches and summary rows, for one build launch over all layers.
+
+    Every layer must have the same shapes, strides and dtypes (one engine's layers do); the tensors are
+    kept alive here because the tables hold only their addresses."""
+
+    k_addrs: torch.Tensor  # int64 [L]
+    row_addrs: torch.Tensor  # int64 [L]
+    k_caches: tuple[torch.Tensor, ...]
+    summary_rows: tuple[torch.Tensor, ...]
+
+
+def layer_tables(k_caches: Sequence[torch.Tensor], summary_rows: Sequence[torch.Tensor], layout: SummaryLayout) -> LayerTables:
+    """Checks L (k_cache [NB, 16, Hkv, d], rows uint8 [NB, Hkv, row_bytes]) pairs and builds their address tables."""
+    check(len(k_caches) == len(summary_rows) and len(k_caches) > 0,
+          f"need one summary tensor per key cache and at least one layer; got {len(k_caches)} / {len(summary_rows)}")
+    first = k_caches[0]
+    check(first.dtype in _TL_DTYPES, f"key cache dtype {first.dtype} is not one of {sorted(map(str, _TL_DTYPES))}")
+    for k, rows in zip(k_caches, summary_rows, strict=True):
+        check(k.shape == first.shape and k.stride() == first.stride() and k.dtype == first.dtype and k.device == first.device,
+              f"every layer's key cache must match layer 0's {first.dtype} {tuple(first.shape)} strides {first.stride()} "
+              f"on {first.device}; got {k.dtype} {tuple(k.shape)} strides {k.stride()} on {k.device}")
+        _check_build(k, torch.empty(0, dtype=torch.int32), rows, layout)
+        check(rows.device == first.device, f"summary rows on {rows.device}, key caches on {first.device}")
+    addrs = [[k.data_ptr() for k in k_caches], [r.data_ptr() for r in summary_rows]]
+    table = torch.tensor(addrs, dtype=torch.int64).to(first.device)
+    return LayerTables(table[0], table[1], tuple(k_caches), tuple(summary_rows))
+
+
+def build_summaries_layers(tables: LayerTables, block_ids: torch.Tensor, layout: SummaryLayout) -> None:
+    """Like build_summaries for the same block_ids int32 [N] on every layer of `tables`, in one launch."""
+    check(block_ids.dtype == torch.int32 and block_ids.dim() == 1, f"block_ids must be int32 [N]; got {block_ids.dtype} {tuple(block_ids.shape)}")
+    if block_ids.numel():
+        k_like = tables.k_caches[0]
+        _launch_build(tables.k_addrs, (tables.row_addrs, None, None), k_like, block_ids, layout, len(tables.k_caches))
 
 
 def score_select_workspace(
@@ -121,14 +173,14 @@ def score_select(
     _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget)
 
 
-def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws) -> int:
+def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning=_ss.DEFAULT_TUNING) -> int:
     """Kernel 1 of score_select (arguments already checked); returns the chunk count. The kernel bench times it alone."""
     num_seqs, num_q_heads, head_dim = q.shape
     group = num_q_heads // num_kv_heads
     rc = RowConstants.of(layout)
     pairs = num_seqs * num_kv_heads
-    slots = _ss.SCORE_PROGRAMS_PER_SM * num_sms(device_index(q))
-    chunks = max(1, min(_ss.MAX_CHUNKS, slots // pairs, cdiv(block_table.shape[1], _ss.P_TILE)))
+    slots = tuning.programs_per_sm * num_sms(device_index(q))
+    chunks = max(1, min(_ss.MAX_CHUNKS, slots // pairs, cdiv(block_table.shape[1], tuning.tile)))
     rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
     _ss._score_kernel[(pairs, chunks)](
         q, rows_u8, rows_i8, rows_f16, block_table, seq_lens, ws.scores, ws.chunk_max, ws.chunk_sum,
@@ -136,8 +188,8 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
         G=group, G_DOT=next_pow2(group), GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS,
         D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE, R=rc.rank, BITS=rc.basis_bits,
         COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
-        P=_ss.P_TILE, RP=next_pow2(rc.rank), FP32=dot_in_fp32(q) or rc.basis_bits == 16, num_warps=_ss.SCORE_WARPS,
-        maxnreg=_ss.SCORE_MAXNREG,
+        P=tuning.tile, RP=next_pow2(rc.rank), FP32=dot_in_fp32(q) or rc.basis_bits == 16, STAGES=tuning.stages,
+        MANTISSA=tuning.mantissa_nibbles, num_warps=tuning.warps, maxnreg=tuning.maxnreg,
     )
     return chunks
 

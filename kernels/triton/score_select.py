@@ -1,7 +1,7 @@
 """Page scoring + GQA combine + top-k page selection (locks.md §2-3), in four launches.
 
 Reference: `reference.score.summary_page_scores`, `reference.select.combine_group` (page_mask =
-the summarized pages, page < seq_len // B) and `reference.select.select_pages`.
+the scored pages, page < (seq_len - 1) // B: every page before the recent one, `config.scored_pages`) and `reference.select.select_pages`.
 
 1. `_score_kernel`, grid (S * Hkv, num_chunks): each program streams a contiguous range of tiles
    of P_TILE pages of one (sequence, KV head). A tile's rows are read ONCE for all G query heads:
@@ -10,7 +10,7 @@ the summarized pages, page < seq_len // B) and `reference.select.select_pages`.
    contraction runs on CUDA cores. It writes the per-head LSE scores s[g, j] (fp32 scratch) and
    an online (max, sum-exp) per head and chunk, so the softmax normalizer needs no second pass
    over the summaries. Loop bounds come from seq_lens on the device: work tracks the live pages.
-   Bytes: row_bytes per summarized page (832 for r8i4, d=128) + 4*G written (+ re-read below).
+   Bytes: row_bytes per scored page (832 for r8i4, d=128) + 4*G written (+ re-read below).
 2. `_keys_kernel`, grid (S * Hkv, num_chunks): merges the chunk normalizers and writes each
    contested page's group key (the log of its share-average / group-max share / mass fraction,
    all <= 0; same order as the reference) as 30-bit fixed point (2^-24 steps), and adds its
@@ -37,22 +37,40 @@ import triton.language as tl
 
 from ._common import mm
 
-# Cost model (r8i4, G=8, d=128; SASS from aot.py with the runtime's 16-byte divisibility hints): the
-# scorer is instruction-issue bound, not byte bound. At 6f19009 one tile (16 pages, 13.3 KB) took ~1690
-# instructions per thread x 8 warps; with 2 programs per SM that is ~6.8K issue cycles per SM per tile
-# pair (4 schedulers) = ~3.4 us per tile (H200: ~5-6 us, 12% of the byte floor), against 0.4 us to
-# stream the tile at 4.23 TB/s / 132 SMs. Now ~1400 (int4 decode without I2F, the G heads as the mma N
-# so no padded-row work, the coefficient contraction as a K=16 FMA dot: FP ops and MUFU/I2F at a
-# quarter rate roughly halved). Reaching the floor needs <= ~400 per thread per tile; what is left is
-# the int4 unpack + operand shuffles (PRMT/LOP3/LDS, ~550) and address/mask math.
+# Cost model (r8i4, G=8, d=128): the scorer is bound by instruction issue and stalls, not bytes: ~1400
+# SASS per thread per 16-page tile (int4 unpack, operand shuffles through shared memory, address math)
+# against 0.4 us to stream the tile at 4.23 TB/s / 132 SMs. Measured on the H200 (harness/score_sweep.py,
+# 2026-11-29): 8 warps x 128 registers (2 programs/SM) 91.6 us at 128K bs1, 4 warps x 128 registers
+# (4 programs/SM) 57.2 us, uncapped registers slower still; software pipelining (tl.range stages=2)
+# and the int-to-float nibble path were 5-10% slower. More resident warps hide the latency of each
+# tile's loads and barriers; reaching the floor needs a few hundred instructions per tile.
 P_TILE = 16  # pages per tile: the N of every tl.dot
 MAX_CHUNKS = 64  # score programs per (sequence, KV head) at most; fixed by the workspace
-SCORE_WARPS = 8
-SCORE_MAXNREG = 128  # r8i4, G=8, d=128: 165 registers uncapped (1 program/SM); capped: 2 per SM, no spill
-# Score programs resident per SM (64K registers). The launch fills at most one wave: programs do equal
-# work, so 2.06 waves (bs8: 32 pairs x 17 chunks on 264 slots) take 3 waves' time, 1 wave of twice
-# the pages takes 2: the grid is floor(slots / pairs) chunks per pair.
-SCORE_PROGRAMS_PER_SM = 65536 // (SCORE_MAXNREG * SCORE_WARPS * 32)
+SCORE_WARPS = 4
+SCORE_MAXNREG = 128  # r8i4, G=8, d=128 at 8 warps: 165 registers uncapped; capped at 128: no spill (aot.py)
+# Programs do equal work, so the launch fills at most one wave (2.06 waves take 3 waves' time, one
+# wave of twice the pages takes 2): the grid is floor(slots / pairs) chunks per pair, slots =
+# programs resident per SM (64K registers / (maxnreg x threads)) x SMs.
+
+
+@dataclass(frozen=True)
+class ScoreTuning:
+    """Launch shape of the score kernel (the kernel bench's --sweep-score times alternatives; results
+    must not depend on it beyond fp32 summation order). maxnreg None: the compiler's choice, and the
+    grid assumes one program per SM; stages > 1 software-pipelines the tile loop (tl.range)."""
+
+    warps: int = SCORE_WARPS
+    maxnreg: int | None = SCORE_MAXNREG
+    tile: int = P_TILE
+    stages: int = 1
+    mantissa_nibbles: bool = True  # False: int-to-float conversion of the int4 codes (the older path)
+
+    @property
+    def programs_per_sm(self) -> int:
+        return max(1, 65536 // (self.maxnreg * self.warps * 32)) if self.maxnreg else 1  # uncapped: assume 1
+
+
+DEFAULT_TUNING = ScoreTuning()
 KEYS_BLOCK = 512  # pages per iteration of the key kernel
 KEYS_WARPS = 8
 # Candidates (pages in the threshold bin, 2^-7 wide in log share: usually a handful) per iteration of
@@ -119,13 +137,13 @@ def _score_kernel(
     G: tl.constexpr, G_DOT: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr, R: tl.constexpr, BITS: tl.constexpr,
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
-    P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr,
+    P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, STAGES: tl.constexpr = 1, MANTISSA: tl.constexpr = True,
 ):
     pair = tl.program_id(0)
     chunk = tl.program_id(1)
     s = pair // num_kv_heads
     h = pair % num_kv_heads
-    n_full = tl.load(seq_lens_ptr + s) // B  # summarized pages
+    n_full = tl.maximum(tl.load(seq_lens_ptr + s) - 1, 0) // B  # scored pages: all before the recent one
     n_tiles = tl.cdiv(n_full, P)
     per_chunk = tl.cdiv(n_tiles, num_chunks)
     t_begin = chunk * per_chunk
@@ -162,7 +180,7 @@ def _score_kernel(
     c3_col = c3 // F
     c3_ok = (c3 % F == 0) & (c3_col < R)
     f_pad = tl.arange(0, F)
-    for t in range(t_begin, t_end):
+    for t in tl.range(t_begin, t_end, num_stages=STAGES):
         page = t * P + tl.arange(0, P)
         pm = page < n_full
         blk = tl.load(block_table_ptr + s * s_bt + page, mask=pm, other=0).to(tl.int64)
@@ -203,8 +221,12 @@ def _score_kernel(
             mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
             q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
             if BITS == 4:
-                low = _nibble_value(packed & 15, DOT_T)  # dims 0, 2, 4, ...
-                high = _nibble_value(packed >> 4, DOT_T)  # dims 1, 3, 5, ...
+                if MANTISSA:
+                    low = _nibble_value(packed & 15, DOT_T)  # dims 0, 2, 4, ...
+                    high = _nibble_value(packed >> 4, DOT_T)  # dims 1, 3, 5, ...
+                else:
+                    low = ((packed & 15) - 8).to(tl.float32).to(DOT_T)
+                    high = ((packed >> 4) - 8).to(tl.float32).to(DOT_T)
                 vq = mm(low, q_even, FP32) + mm(high, q_odd, FP32)
             else:
                 vq = mm(v.to(tl.float32).to(DOT_T), q_full, FP32)

@@ -1,9 +1,10 @@
 """What the CUDA and CPU Locks backends share: the per-step plan (builder) and the forward (impl).
 
 Builder (host, every step, before any graph replay): splits decodes from prefills, counts rows,
-writes the physical blocks whose page completed this step into persistent buffers.
-Impl (forward): stock attention for prefill rows; for decode rows build the completed pages'
-summaries, score + select pages per (sequence, KV head), attend over them. Every decode-path
+and builds the summaries of the pages that decode rows completed at the previous step, on every
+layer of its group in one eager launch (summary_store.py says why this waits one step).
+Impl (forward): stock attention for prefill rows (and the summaries of the pages they complete);
+for decode rows score + select pages per (sequence, KV head) and attend over them. Every decode-path
 launch has a fixed shape, reads only device tensors, and writes into preallocated buffers, so the
 same sequence is recorded once in a full CUDA graph and replayed (padded rows have seq_len 0).
 """
@@ -19,6 +20,7 @@ import torch
 from ..config import PAGE_SIZE
 from ..reference.packing import SummaryLayout
 from . import counters, debug, memory
+from .summary_store import STORE
 from .kernel_ops import DecodeShape, key_score_select, ops_for_device, timed_host_ms
 from .settings import BackendSettings, settings_from_vllm_config
 
@@ -35,7 +37,6 @@ class LocksStep:
 
     num_decodes: int  # rows [0, num_decodes) are single-token decodes (padded rows included)
     num_reqs: int
-    decode_summary_blocks: torch.Tensor  # int32 [num_decodes]: block whose page completed, else -1
     prefill_summary_blocks: torch.Tensor | None  # int32 [N]: pages completed by prefill rows
     selected_pages: torch.Tensor  # int32 [num_decodes, Hkv, k], persistent scratch
     workspace: Any
@@ -94,6 +95,8 @@ class LocksBuilderMixin:
         if stock_reasons:
             logger.warning("Locks: %d layer(s) run stock attention for decode: %s", len(stock_reasons), stock_reasons)
         self._stock_layers = len(stock_reasons)
+        self._locks_layer_names = [name for name in layer_names if name not in stock_reasons]
+        STORE.forget(layer_names)  # registrations of an earlier engine in this process
         self._locks_layers = len(layer_names) - self._stock_layers
         self._locks_stock_only = self._locks_layers == 0
         memory.release(vllm_config)  # profiling is over: the KV budget is fixed
@@ -123,26 +126,26 @@ class LocksBuilderMixin:
             sliding_window_calls=stock_layers if self._sliding_group else 0,
         )
         if self._locks_stock_only:
-            return LocksStep(num_decodes, num_reqs, self._decode_blocks[:0], None, self._selected[:0], None, True)
+            return LocksStep(num_decodes, num_reqs, None, self._selected[:0], None, True)
 
         page_budget = self._locks_shape.page_budget
         dense = int((-(-decode_seq // PAGE_SIZE) <= page_budget).sum())
-        completed_in_decode = int(((decode_seq % PAGE_SIZE == 0) & (decode_seq > 0)).sum())
-        counters.add(
-            sparse_decode_rows=layers * (len(decode_seq) - dense),
-            dense_fallback_rows=layers * dense,
-            summaries_built=layers * completed_in_decode,
-        )
-        if num_decodes:
+        counters.add(sparse_decode_rows=layers * (len(decode_seq) - dense), dense_fallback_rows=layers * dense)
+        # A decode row whose previous token completed a page (seq_len = 16 m + 1, m >= 1) scores that
+        # page from this step on: build it now. The host bound only decides whether to launch; the
+        # block ids come from the device seq_lens (exact).
+        completed_before = int((((decode_seq - 1) % PAGE_SIZE == 0) & (decode_seq > PAGE_SIZE)).sum())
+        if completed_before and not _capturing(self._decode_blocks):
             seq_lens = cam.seq_lens[:num_decodes]
-            last_page = ((seq_lens - 1).clamp(min=0) // PAGE_SIZE).long().unsqueeze(1)
-            blocks = cam.block_table_tensor[:num_decodes].gather(1, last_page).squeeze(1)
-            completed = (seq_lens % PAGE_SIZE == 0) & (seq_lens > 0)
+            page = ((seq_lens - 1).clamp(min=PAGE_SIZE) // PAGE_SIZE - 1).long().unsqueeze(1)
+            blocks = cam.block_table_tensor[:num_decodes].gather(1, page).squeeze(1)
+            completed = ((seq_lens - 1) % PAGE_SIZE == 0) & (seq_lens > PAGE_SIZE)
             self._decode_blocks[:num_decodes] = torch.where(completed, blocks, torch.full_like(blocks, -1))
+            built = STORE.build(self._locks_layer_names, self._decode_blocks[:num_decodes], self._locks_layout, self._locks_ops)
+            counters.add(summaries_built=built * completed_before)
         return LocksStep(
             num_decodes=num_decodes,
             num_reqs=num_reqs,
-            decode_summary_blocks=self._decode_blocks[:num_decodes],
             prefill_summary_blocks=self._prefill_blocks(cam, num_decodes, query_lens, seq_cpu),
             selected_pages=self._selected[:num_decodes],
             workspace=self._workspace,
@@ -239,7 +242,7 @@ class LocksImplMixin:
 
         memory.release(self._vllm_config)
         k_cache, v_cache = self._kv_views(kv_cache)
-        summary_rows = self._summaries_for(kv_cache, k_cache)
+        summary_rows = self._summaries_for(layer, kv_cache, k_cache)
         if step.num_decodes < step.num_reqs:
             # Prefill rows exactly as stock (whole batch: the decode rows are overwritten below).
             self._stock_forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
@@ -255,7 +258,6 @@ class LocksImplMixin:
         out = output[:n].view(n, self.num_heads, self.head_size)
         block_table, seq_lens = md.block_table[:n], md.seq_lens[:n]
         selection = self.locks_settings.locks.selection
-        self._ops.build_summaries(k_cache, step.decode_summary_blocks, summary_rows, self._layout)
         if self.locks_settings.reads_keys:
             key_score_select(
                 self.locks_settings.locks.scorer, q, k_cache, block_table, seq_lens, step.selected_pages,
@@ -286,8 +288,9 @@ class LocksImplMixin:
         counters.add(eager_build_calls=1)
 
     # -- summary memory -------------------------------------------------------------------------
-    def _summaries_for(self, kv_cache: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
-        """This layer's uint8 [num_blocks, Hkv, row_bytes] rows, (re)allocated when the KV tensor changes."""
+    def _summaries_for(self, layer, kv_cache: torch.Tensor, k_cache: torch.Tensor) -> torch.Tensor:
+        """This layer's uint8 [num_blocks, Hkv, row_bytes] rows, (re)allocated when the KV tensor changes
+        and registered (with the key cache) for the builder's one-launch decode-time builds."""
         key = (kv_cache.data_ptr(), k_cache.shape[0])
         if self._summary_key != key:
             if _capturing(k_cache):
@@ -300,6 +303,7 @@ class LocksImplMixin:
                 (k_cache.shape[0], self.num_kv_heads, self._layout.row_bytes), dtype=torch.uint8, device=k_cache.device
             )
             self._summary_key = key
+        STORE.register(getattr(layer, "layer_name", f"layer@{id(self)}"), k_cache, self._summary_rows)
         return self._summary_rows
 
     def _reserve_summary_memory(self, device: torch.device) -> None:

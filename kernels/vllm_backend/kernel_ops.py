@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..config import PAGE_SIZE
+from ..config import PAGE_SIZE, scored_pages
 from ..reference.attention import paged_decode_reference
 from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
 from ..reference.score import summary_page_scores
@@ -44,6 +44,12 @@ class KernelOps(Protocol):
     def build_summaries(self, k_cache: torch.Tensor, block_ids: torch.Tensor, summary_rows: torch.Tensor, layout: SummaryLayout) -> None:
         """k_cache [NB, 16, Hkv, d], block_ids int32 [N] (<0 skipped) -> summary_rows uint8 [NB, Hkv, row_bytes] rows written."""
 
+    def layer_tables(self, k_caches, summary_rows, layout: SummaryLayout) -> Any:
+        """What build_summaries_layers needs to reach L layers' caches and rows (built once, reused)."""
+
+    def build_summaries_layers(self, tables, block_ids: torch.Tensor, layout: SummaryLayout) -> None:
+        """build_summaries of the same block_ids on every layer of `tables`."""
+
     def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace) -> None:
         """q [S, Hq, d] -> selected_pages int32 [S, Hkv, k] (logical page ids, -1 pad)."""
 
@@ -52,9 +58,9 @@ class KernelOps(Protocol):
 
 
 def _page_candidates(seq_len: int) -> tuple[int, torch.Tensor]:
-    """(pages holding tokens, mask of pages with a summary = full pages) for one sequence."""
+    """(pages holding tokens, mask of the scored pages: every page before the recent one) for one sequence."""
     num_pages = -(-seq_len // PAGE_SIZE)
-    return num_pages, torch.arange(num_pages) < seq_len // PAGE_SIZE
+    return num_pages, torch.arange(num_pages) < scored_pages(seq_len)
 
 
 class ReferenceOps:
@@ -72,6 +78,13 @@ class ReferenceOps:
         keys = k_cache[ids].permute(0, 2, 1, 3).unsqueeze(2)  # [N, Hkv, 1, 16, d]
         packed = pack_summaries(build_page_summaries(keys, layout.rank), layout.fmt)  # [N, Hkv, 1, row]
         summary_rows[ids] = packed[:, :, 0].to(summary_rows.device)
+
+    def layer_tables(self, k_caches, summary_rows, layout) -> tuple:
+        return tuple(zip(k_caches, summary_rows, strict=True))
+
+    def build_summaries_layers(self, tables, block_ids, layout) -> None:
+        for k_cache, rows in tables:
+            self.build_summaries(k_cache, block_ids, rows, layout)
 
     def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace=None) -> None:
         def summary_scores(row: int, blocks: torch.Tensor, grouped_q: torch.Tensor) -> torch.Tensor:
@@ -93,11 +106,11 @@ def _select_each_row(q, block_table, seq_lens, selected_pages, page_budget, comb
     for row, seq_len in enumerate(seq_lens[:num_seqs].tolist()):
         if seq_len <= 0:  # CUDA-graph padding rows
             continue
-        num_pages, has_summary = _page_candidates(seq_len)
+        num_pages, scored = _page_candidates(seq_len)
         blocks = block_table[row, :num_pages].long()
         grouped_q = q[row].reshape(num_kv_heads, group, head_dim).float()
         scores = row_scores(row, blocks, grouped_q)  # [Hkv, G, P]
-        mask = has_summary.to(scores.device).expand(num_kv_heads, num_pages)
+        mask = scored.to(scores.device).expand(num_kv_heads, num_pages)
         chosen = select_pages(combine_group(scores, combine, mask), num_pages, page_budget)
         selected_pages[row] = chosen.to(selected_pages.dtype)
 
@@ -131,6 +144,12 @@ class TritonOps:
 
     def build_summaries(self, k_cache, block_ids, summary_rows, layout) -> None:
         self._ops.build_summaries(k_cache, block_ids, summary_rows, layout)
+
+    def layer_tables(self, k_caches, summary_rows, layout) -> Any:
+        return self._ops.layer_tables(k_caches, summary_rows, layout)
+
+    def build_summaries_layers(self, tables, block_ids, layout) -> None:
+        self._ops.build_summaries_layers(tables, block_ids, layout)
 
     def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace) -> None:
         self._ops.score_select(

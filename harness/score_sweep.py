@@ -1,0 +1,141 @@
+"""Launch-shape sweep of the Locks score kernel on one GPU: which ScoreTuning is fastest, per cell.
+
+    python -m locks_toolkit.harness.score_sweep --contexts 32k,128k --batch 1,8
+
+For each (context, batch) it times the score kernel alone (CUDA graph over layer copies, as `locks
+bench kernel` does) under every tuning in VARIANTS, runs the selection on each variant's scores,
+and refuses a variant whose selected pages differ from the default's (launch shape may change
+fp32 summation order, never the result). Prints a markdown table; --out appends JSON records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict
+
+import torch
+
+from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
+from ..kernels.reference.packing import SummaryLayout
+from ..kernels.triton import ops
+from ..kernels.triton.score_select import DEFAULT_TUNING, ScoreTuning
+from .kernel_bench import _ContextState, _time_graph, resolve_geometry
+from .workload import format_size, parse_size_list
+
+log = logging.getLogger(__name__)
+
+VARIANTS = (
+    DEFAULT_TUNING,  # 4 warps, 128 registers: the fastest of the 2026-11-29 sweep (docs/results/score-sweep-h200.md)
+    ScoreTuning(warps=8),  # the previous default
+    ScoreTuning(warps=2),
+    ScoreTuning(warps=4, maxnreg=None),
+    ScoreTuning(warps=4, stages=2),
+    ScoreTuning(warps=4, mantissa_nibbles=False),
+    ScoreTuning(warps=4, tile=32),
+)
+
+
+def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int) -> list[dict]:
+    k_pages = SelectionConfig(budget_tokens=budget_tokens).page_budget
+    scale = geom.head_dim**-0.5
+    q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
+    bt = state.block_table[:batch]
+    seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device="cuda")
+    ws = ops.score_select_workspace(batch, geom.num_kv_heads, state.pages, "cuda", group_size=geom.group)
+    rows_out = []
+    reference = None
+    for tuning in VARIANTS:
+        row = {"tuning": asdict(tuning), "context_tokens": state.seq_len - 1, "batch_size": batch}
+        try:
+            chunks = ops._launch_score(q, state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
+            selected = torch.empty((batch, geom.num_kv_heads, k_pages), dtype=torch.int32, device="cuda")
+            ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages)
+            if reference is None:
+                reference = selected.clone()
+            row["same_selection"] = bool(torch.equal(selected, reference))
+            row["selection_problems"] = selection_problems(selected, ws.keys, state.seq_len, k_pages)
+
+            def score(tuning=tuning):
+                for rows in state.rows:
+                    ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
+
+            timing = _time_graph(score, replays, state.copies)
+            row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok")
+        except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
+            log.warning("variant %s failed: %s", tuning, exc)
+            row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
+        rows_out.append(row)
+    return rows_out
+
+
+def selection_problems(selected: torch.Tensor, keys: torch.Tensor, seq_len: int, k_pages: int) -> str | None:
+    """Selection vs the kernel's own fixed-point keys: sink + recent + the top-(k-2) contested pages
+    (ties to the lower page id), ascending. Independent of fp32 score differences between variants."""
+    pairs = selected.shape[0] * selected.shape[1]
+    recent = -(-seq_len // PAGE_SIZE) - 1
+    got = selected.reshape(pairs, k_pages).long()
+    contested = keys[:pairs, 1:recent].long()
+    order = torch.sort(-contested, dim=1, stable=True).indices[:, : k_pages - 2] + 1
+    want = torch.cat([torch.zeros((pairs, 1), dtype=torch.long, device=got.device), torch.sort(order, dim=1).values,
+                      torch.full((pairs, 1), recent, dtype=torch.long, device=got.device)], dim=1)
+    bad = (got != want).any(dim=1)
+    if not bool(bad.any()):
+        return None
+    first = int(torch.nonzero(bad)[0])
+    return f"{int(bad.sum())}/{pairs} pairs differ from top-k of the kernel's keys (first: pair {first})"
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| context | bs | warps | maxnreg | tile | stages | nibbles | chunks | score µs | same selection |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["tuning"]
+        head = (f"| {format_size(r['context_tokens'])} | {r['batch_size']} | {t['warps']} | {t['maxnreg']} | {t['tile']} "
+                f"| {t['stages']} | {'mantissa' if t['mantissa_nibbles'] else 'i2f'} ")
+        if r["status"] != "ok":
+            lines.append(head + f"| — | {r['status']}: {r['reason'][:60]} | — |")
+        else:
+            check = "ok" if r["selection_problems"] is None else r["selection_problems"]
+            lines.append(head + f"| {r['chunks']} | {r['mean_us']:.1f} ± {r['sd_us']:.1f} | {r['same_selection']} ({check}) |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Sweep the Locks score kernel's launch shape.")
+    parser.add_argument("--preset", default="glm4-9b-1m")
+    parser.add_argument("--contexts", default="32k,128k")
+    parser.add_argument("--batch", default="1,8")
+    parser.add_argument("--budget", type=int, default=2048)
+    parser.add_argument("--format", dest="summary_format", default="r8i4")
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not torch.cuda.is_available():
+        print("error: the score sweep needs a CUDA GPU; run it on the H200 machine", file=sys.stderr)
+        return 2
+    geom = resolve_geometry(args.preset)
+    layout = SummaryLayout(SummaryFormat.parse(args.summary_format), geom.head_dim)
+    gen = torch.Generator().manual_seed(0)
+    batches = parse_size_list(args.batch)
+    rows = []
+    for context in parse_size_list(args.contexts):
+        state = _ContextState(geom, layout, context, max(batches), gen)
+        for batch in batches:
+            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays)
+            rows.extend(cell)
+            if args.out:
+                with open(args.out, "a") as f:
+                    for r in cell:
+                        f.write(json.dumps(r) + "\n")
+        del state
+        torch.cuda.empty_cache()
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,40 @@
+"""The score sweep's selection audit (top-k of the kernel's own keys) on an interpreted score_select."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from locks_toolkit.kernels.config import PAGE_SIZE, SummaryFormat
+from locks_toolkit.kernels.reference.packing import SummaryLayout, pack_summaries
+from locks_toolkit.kernels.reference.summary import build_page_summaries
+from locks_toolkit.kernels.reference.testing import fresh_seed
+from locks_toolkit.kernels.triton.checks import available_devices
+
+DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(reason="needs TRITON_INTERPRET=1 or a GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_selection_audit_accepts_the_kernel_and_catches_a_wrong_page(device):
+    from locks_toolkit.harness.score_sweep import selection_problems
+    from locks_toolkit.kernels.triton import ops
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    seqs, hkv, group, d, k = 2, 2, 4, 64, 6
+    seq_len = 16 * 23 + 5
+    pages = -(-seq_len // PAGE_SIZE)
+    layout = SummaryLayout(SummaryFormat.parse("r8i4"), d)
+    keys = torch.randn((seqs, hkv, pages, PAGE_SIZE, d), generator=gen)
+    packed = pack_summaries(build_page_summaries(keys, layout.rank), layout.fmt)  # [S, Hkv, P, row]
+    rows = packed.permute(0, 2, 1, 3).reshape(seqs * pages, hkv, layout.row_bytes).contiguous().to(device)
+    table = torch.arange(seqs * pages, dtype=torch.int32).reshape(seqs, pages).to(device)
+    seq_lens = torch.full((seqs,), seq_len, dtype=torch.int32, device=device)
+    q = torch.randn((seqs, hkv * group, d), generator=gen).to(device)
+    selected = torch.empty((seqs, hkv, k), dtype=torch.int32, device=device)
+    ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
+    ops.score_select(q, rows, table, seq_lens, selected, layout, k, d**-0.5, workspace=ws)
+    assert selection_problems(selected, ws.keys, seq_len, k) is None
+    contested = set(range(1, pages - 1)) - set(selected[1, 0].tolist())
+    selected[1, 0, 2] = min(contested)  # a page that was not chosen
+    problem = selection_problems(selected, ws.keys, seq_len, k)
+    assert problem is not None and "1/4 pairs" in problem
