@@ -38,7 +38,8 @@ VARIANTS = (
 )
 
 
-def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int) -> list[dict]:
+def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int,
+               variants=VARIANTS) -> list[dict]:
     k_pages = SelectionConfig(budget_tokens=budget_tokens).page_budget
     scale = geom.head_dim**-0.5
     q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
@@ -47,7 +48,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
     ws = ops.score_select_workspace(batch, geom.num_kv_heads, state.pages, "cuda", group_size=geom.group)
     rows_out = []
     reference = None
-    for tuning in VARIANTS:
+    for tuning in variants:
         row = {"tuning": asdict(tuning), "context_tokens": state.seq_len - 1, "batch_size": batch}
         try:
             chunks = ops._launch_score(q, state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
@@ -111,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--format", dest="summary_format", default="r8i4")
     parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--variants", type=int, default=len(VARIANTS), help="time only the first N of VARIANTS")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     for context in parse_size_list(args.contexts):
         state = _ContextState(geom, layout, context, max(batches), gen)
         for batch in batches:
-            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays)
+            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, VARIANTS[: args.variants])
             rows.extend(cell)
             if args.out:
                 with open(args.out, "a") as f:

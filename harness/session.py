@@ -202,6 +202,11 @@ class EngineSession:
             self.engine.step()
 
     def close(self) -> None:
+        """Shut the engine down; with TP > 1 this waits until the rank processes have exited."""
+        try:
+            self.engine.engine_core.shutdown()
+        except Exception as exc:  # noqa: BLE001 - teardown is best effort; the process exits next
+            log.warning("engine shutdown failed: %s", exc)
         del self.llm
 
 

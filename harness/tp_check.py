@@ -48,7 +48,7 @@ class TPCheckConfig:
     context: int = 16384
     steps: int = 32
     budget: int = 2048
-    logprobs: int = 5
+    logprobs: int = 20  # top-k per step: the reference token must stay findable after a divergence
     tolerance: float = 0.1
     graph_mode: str = "full_decode_only"
     gpu_memory_utilization: float = 0.5
@@ -124,7 +124,7 @@ def engine_run(config: TPCheckConfig, model_dir: str, arm_name: str, tp: int) ->
     generate_s = time.perf_counter() - started
     after = read()
     completion = output.outputs[0]
-    return {
+    result = {
         "arm": arm_name,
         "tensor_parallel_size": tp,
         "tokens": list(completion.token_ids),
@@ -135,6 +135,11 @@ def engine_run(config: TPCheckConfig, model_dir: str, arm_name: str, tp: int) ->
         "boot_s": boot_s,
         "generate_s": generate_s,
     }
+    try:  # waits for the rank processes to exit, so the next engine finds its GPUs free
+        llm.llm_engine.engine_core.shutdown()
+    except Exception as exc:  # noqa: BLE001 - teardown is best effort
+        log.warning("engine shutdown failed: %s", exc)
+    return result
 
 
 def _run_engine_process(config: TPCheckConfig, model_dir: str, arm: str, tp: int, timeout_s: float) -> dict:
@@ -175,6 +180,7 @@ def compare_runs(reference: dict, other: dict) -> dict:
         "compared_steps": compared,
         "max_abs_dlogprob": max(deltas) if deltas else math.nan,
         "abs_dlogprob": deltas,
+        "reference_token_lost": [t for t, d in enumerate(deltas) if math.isinf(d)],  # stored JSON turns inf into null
     }
 
 

@@ -106,14 +106,24 @@ def child_main(job: EngineJob, queue) -> None:
 
 
 def run_job(job: EngineJob, emit) -> None:
-    from .session import EngineSession, EngineStall
+    from .session import EngineSession
 
-    arm = get_arm(job.arm)
     try:
         session = EngineSession(job.plan, job.arm, job.model_dir, job.dummy_weights, job.knobs, job.vocab_size)
     except Exception as exc:  # noqa: BLE001 - any boot failure becomes a recorded status
         emit(_fatal("engine boot failed", exc))
         return
+    try:
+        _run_session(session, job, emit)
+    finally:
+        if job.plan.tensor_parallel_size > 1:  # rank processes must free their GPUs before the next engine
+            session.close()
+
+
+def _run_session(session, job: EngineJob, emit) -> None:
+    from .session import EngineStall
+
+    arm = get_arm(job.arm)
     devices = _devices(job)
     gpus = {str(nvml.engine_devices(1)[0]): nvml.gpu_info()} if devices is None else nvml.gpu_infos(devices)
     gpu = next(iter(gpus.values()))

@@ -80,7 +80,8 @@ def test_compare_stops_at_the_first_divergence_and_reads_the_reference_token():
     assert cmp["first_divergence"] == 2 and cmp["compared_steps"] == 3 and cmp["agreeing_steps"] == 3
     assert cmp["abs_dlogprob"] == pytest.approx([0.02, 0.0, 0.25]) and cmp["max_abs_dlogprob"] == pytest.approx(0.25)
     gone = _run([5, 4, 7, 8], [{5: -0.1}, {4: -0.1, 1: -0.2}, {7: -0.5}, {8: -0.3}])  # token 6 left the top-k
-    assert math.isinf(tc.compare_runs(ref, gone)["max_abs_dlogprob"])
+    lost = tc.compare_runs(ref, gone)
+    assert math.isinf(lost["max_abs_dlogprob"]) and lost["reference_token_lost"] == [1]
 
 
 def test_judge_passes_within_dense_noise_plus_tolerance_and_needs_the_sparse_path():

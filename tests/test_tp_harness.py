@@ -141,7 +141,6 @@ class TwoRankSession:
     """A scripted TP=2 engine: each rank counts its own sparse rows; read_counters sums them."""
 
     num_kv_blocks, block_size = 100_000, 16
-    throttle_from_window: int | None = None  # not used by the session; the fake NVML decides
 
     def __init__(self, plan, arm, model_dir, dummy, knobs, vocab_size):
         self.plan, self.boot_s, self.engine_kwargs = plan, 0.01, {"model": model_dir}
@@ -180,6 +179,9 @@ class TwoRankSession:
 
     def abort(self, request_ids):
         pass
+
+    def close(self):
+        self.closed = True
 
 
 def _tp2_job(context=65536):
