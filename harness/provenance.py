@@ -47,8 +47,11 @@ def package_versions() -> dict[str, str | None]:
 
 
 def git_state(start: str | os.PathLike | None = None) -> dict[str, object]:
-    """Commit and dirty flag of the checkout holding `start` (default: this package, then the cwd)."""
-    candidates = [Path(start)] if start else [Path(__file__).resolve().parent, Path.cwd()]
+    """Commit and dirty flag of the checkout holding `start` (default: this package), else the wheel's stamp.
+
+    Never the cwd: on the GPU machine the command runs inside a copy of the checkout whose git state
+    is not the code of the installed wheel (records of 2026-11-29 named the wrong commit that way)."""
+    candidates = [Path(start)] if start else [Path(__file__).resolve().parent]
     for folder in candidates:
         try:
             commit = subprocess.run(

@@ -39,10 +39,13 @@ VARIANTS = (
 
 
 def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int,
-               variants=VARIANTS) -> list[dict]:
+               variants=VARIANTS, flat: bool = False) -> list[dict]:
+    """flat: zero queries, so every page scores the same and every key ties (the select path's worst case)."""
     k_pages = SelectionConfig(budget_tokens=budget_tokens).page_budget
     scale = geom.head_dim**-0.5
     q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
+    if flat:
+        q.zero_()
     bt = state.block_table[:batch]
     seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device="cuda")
     ws = ops.score_select_workspace(batch, geom.num_kv_heads, state.pages, "cuda", group_size=geom.group)
@@ -63,8 +66,13 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                 for rows in state.rows:
                     ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
 
+            def select(chunks=chunks):
+                for _ in state.rows:
+                    ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages)
+
             timing = _time_graph(score, replays, state.copies)
-            row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok")
+            row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok", flat=flat,
+                       select_us=_time_graph(select, replays, state.copies)["mean_us"])
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
             log.warning("variant %s failed: %s", tuning, exc)
             row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
@@ -90,17 +98,17 @@ def selection_problems(selected: torch.Tensor, keys: torch.Tensor, seq_len: int,
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| context | bs | warps | maxnreg | tile | stages | nibbles | chunks | score µs | same selection |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| context | bs | warps | maxnreg | tile | stages | nibbles | chunks | score µs | select µs | same selection |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tuning"]
         head = (f"| {format_size(r['context_tokens'])} | {r['batch_size']} | {t['warps']} | {t['maxnreg']} | {t['tile']} "
                 f"| {t['stages']} | {'mantissa' if t['mantissa_nibbles'] else 'i2f'} ")
         if r["status"] != "ok":
-            lines.append(head + f"| — | {r['status']}: {r['reason'][:60]} | — |")
+            lines.append(head + f"| — | {r['status']}: {r['reason'][:60]} | — | — |")
         else:
             check = "ok" if r["selection_problems"] is None else r["selection_problems"]
-            lines.append(head + f"| {r['chunks']} | {r['mean_us']:.1f} ± {r['sd_us']:.1f} | {r['same_selection']} ({check}) |")
+            lines.append(head + f"| {r['chunks']} | {r['mean_us']:.1f} ± {r['sd_us']:.1f} | {r['select_us']:.1f} | {r['same_selection']} ({check}) |")
     return "\n".join(lines)
 
 
@@ -113,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", dest="summary_format", default="r8i4")
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--variants", type=int, default=len(VARIANTS), help="time only the first N of VARIANTS")
+    parser.add_argument("--flat", action="store_true", help="zero queries: every key ties (dummy-weight engines)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -127,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     for context in parse_size_list(args.contexts):
         state = _ContextState(geom, layout, context, max(batches), gen)
         for batch in batches:
-            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, VARIANTS[: args.variants])
+            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, VARIANTS[: args.variants], args.flat)
             rows.extend(cell)
             if args.out:
                 with open(args.out, "a") as f:

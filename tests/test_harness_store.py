@@ -93,3 +93,17 @@ def test_non_finite_numbers_are_stored_as_null(tmp_path):
     append_record(tmp_path / "x.jsonl", {"cell": {}, "tpot": [float("nan"), 1.5, float("inf")]})
     assert b"NaN" not in (tmp_path / "x.jsonl").read_bytes()
     assert read_records(tmp_path / "x.jsonl") == [{"cell": {}, "tpot": [None, 1.5, None]}]
+
+
+def test_git_state_outside_a_checkout_names_the_wheel_stamp_not_the_cwd(tmp_path, monkeypatch):
+    import json as _json
+
+    from locks_toolkit.harness import provenance
+
+    stamp = tmp_path / "build_info.json"
+    stamp.write_text(_json.dumps({"commit": "b133375", "dirty": False}))
+    monkeypatch.setattr(provenance, "BUILD_INFO", stamp)
+    monkeypatch.chdir(provenance.Path(__file__).resolve().parent)  # a checkout as cwd must not be used
+    outside = tmp_path / "site"
+    outside.mkdir()
+    assert provenance.git_state(outside) == {"commit": "b133375", "dirty": False}
