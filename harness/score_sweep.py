@@ -66,7 +66,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                 for rows in state.rows:
                     ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
 
-            def select(chunks=chunks):
+            def select(chunks=chunks, selected=selected):
                 for _ in state.rows:
                     ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages)
 

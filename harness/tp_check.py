@@ -248,6 +248,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--budget", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--qk-std", type=float, default=None, help="std of q/k projections (peaked attention), default: 0.02")
     parser.add_argument("--tolerance", type=float, default=0.1)
     parser.add_argument("--graph-mode", default="full_decode_only")
     parser.add_argument("--dtype", default="bfloat16")
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None, print_record: bool = False) -> int:
     config = TPCheckConfig(tensor_parallel_size=args.tp, dense_arm=dense, sparse_arm=sparse, context=args.context,
                            steps=args.steps, budget=args.budget, tolerance=args.tolerance, graph_mode=args.graph_mode,
                            seed=args.seed, checkpoint=CheckpointSpec(
-                               num_layers=args.layers, dtype=args.dtype, seed=args.seed,
+                               num_layers=args.layers, dtype=args.dtype, seed=args.seed, qk_std=args.qk_std,
                                max_position_embeddings=max(65536, args.context + args.steps + 64)))
     record = run_tp_check(config, args.out)
     summary = record if print_record else {k: record.get(k) for k in ("status", "passed", "reason", "comparisons")}

@@ -36,6 +36,9 @@ class CheckpointSpec:
     vocab_size: int = 8192
     max_position_embeddings: int = 65536
     std: float = 0.02
+    # std of q_proj/k_proj (None: std). Larger makes attention peaked: with std everywhere, attention is
+    # near-uniform, pages nearly tie, and TP rounding alone flips which win (H200, 2026-11-29).
+    qk_std: float | None = None
     seed: int = 0
     dtype: str = "bfloat16"
 
@@ -46,8 +49,8 @@ class CheckpointSpec:
             raise ConfigError(f"{self.num_q_heads} query heads are not a multiple of {self.num_kv_heads} KV heads")
         if min(self.num_layers, self.hidden_size, self.head_dim, self.intermediate_size, self.vocab_size) < 1:
             raise ConfigError(f"checkpoint sizes must be positive: {self}")
-        if not self.std > 0:
-            raise ConfigError(f"std {self.std} must be positive, e.g. 0.02")
+        if not self.std > 0 or (self.qk_std is not None and not self.qk_std > 0):
+            raise ConfigError(f"std {self.std} / qk_std {self.qk_std} must be positive, e.g. 0.02 / 0.1")
 
     def hf_config(self) -> dict:
         return {
@@ -103,7 +106,8 @@ def make_tensors(spec: CheckpointSpec) -> dict[str, torch.Tensor]:
         if len(shape) == 1:
             tensors[name] = torch.ones(shape, dtype=dtype)
         else:  # drawn in float32 so the values do not depend on the storage dtype's sampling path
-            tensors[name] = (torch.randn(shape, generator=generator, dtype=torch.float32) * spec.std).to(dtype)
+            std = spec.qk_std if spec.qk_std is not None and name.endswith(("q_proj.weight", "k_proj.weight")) else spec.std
+            tensors[name] = (torch.randn(shape, generator=generator, dtype=torch.float32) * std).to(dtype)
     return tensors
 
 

@@ -155,6 +155,7 @@ def tp_check(
     steps: int = typer.Option(32, help="Greedy decode steps compared."),
     budget: int = typer.Option(2048, help="Locks token budget."),
     layers: int = typer.Option(4, help="Layers of the random checkpoint (GLM-4-9B attention geometry)."),
+    qk_std: Optional[float] = typer.Option(None, help="std of the q/k projections (larger: peaked attention; default: 0.02 like the rest)."),
     tolerance: float = typer.Option(0.1, help="Allowed excess of Locks' max |delta logprob| over the dense arm's (nats)."),
     graph_mode: str = typer.Option("full_decode_only", help="full_decode_only | eager | compile."),
     dtype: str = typer.Option("bfloat16", help="Checkpoint and engine dtype."),
@@ -170,7 +171,8 @@ def tp_check(
     dense, _, sparse = arms.partition(",")
     argv = ["--tp", str(tp), "--arms", arms, "--context", str(parse_size(context)), "--steps", str(steps),
             "--budget", str(budget), "--layers", str(layers), "--tolerance", str(tolerance), "--graph-mode", graph_mode,
-            "--dtype", dtype, "--seed", str(seed)] + (["--out", str(out)] if out else [])
+            "--dtype", dtype, "--seed", str(seed)] + (["--out", str(out)] if out else []) + (
+            ["--qk-std", str(qk_std)] if qk_std is not None else [])
     if not sparse:
         raise fail(f"--arms {arms!r} must name a dense and a sparse arm", "e.g. --arms fa3,locks")
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from locks_toolkit.kernels.config import PAGE_SIZE, SummaryFormat
 from locks_toolkit.kernels.reference.packing import SummaryLayout, pack_summaries
 from locks_toolkit.kernels.reference.summary import build_page_summaries

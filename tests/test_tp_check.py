@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
-
 from locks_toolkit.harness import tp_check as tc
-from locks_toolkit.harness.tp_checkpoint import CheckpointSpec, make_tensors, write_checkpoint
+from locks_toolkit.harness.tp_checkpoint import (
+    CheckpointSpec,
+    make_tensors,
+    write_checkpoint,
+)
 from locks_toolkit.kernels.config import ConfigError
 
 TINY = CheckpointSpec(num_layers=2, hidden_size=128, num_q_heads=4, num_kv_heads=2, head_dim=32,
@@ -114,3 +118,14 @@ def test_whole_check_on_the_cpu_engines_tp1_vs_tp2(tmp_path):
     # float32 on one CPU: TP only reorders sums, so both arms match their TP=1 runs closely
     assert record["comparisons"]["locks-cpu"]["max_abs_dlogprob"] < 1e-3
     assert json.loads(out.read_text().splitlines()[-1])["passed"] is True
+
+
+def test_qk_std_scales_only_the_query_and_key_projections():
+    from locks_toolkit.harness.tp_checkpoint import CheckpointSpec, make_tensors
+
+    base = CheckpointSpec(num_layers=1, hidden_size=64, num_q_heads=4, num_kv_heads=2, head_dim=16,
+                          intermediate_size=32, vocab_size=50, dtype="float32")
+    plain, peaked = make_tensors(base), make_tensors(replace(base, qk_std=0.2))
+    for name in plain:
+        ratio = float(peaked[name].float().std() / plain[name].float().std()) if plain[name].dim() > 1 else 1.0
+        assert abs(ratio - (10.0 if name.endswith(("q_proj.weight", "k_proj.weight")) else 1.0)) < 1e-5, name

@@ -18,7 +18,17 @@ from ..reference.packing import SummaryLayout
 from . import build as _build
 from . import decode as _decode
 from . import score_select as _ss
-from ._common import FP32_EPS, RowConstants, cdiv, check, device_index, dot_in_fp32, next_pow2, num_sms, row_views
+from ._common import (
+    FP32_EPS,
+    RowConstants,
+    cdiv,
+    check,
+    device_index,
+    dot_in_fp32,
+    next_pow2,
+    num_sms,
+    row_views,
+)
 
 ScoreSelectWorkspace = _ss.ScoreSelectWorkspace
 DecodeWorkspace = _decode.DecodeWorkspace

@@ -20,9 +20,9 @@ import torch
 from ..config import PAGE_SIZE
 from ..reference.packing import SummaryLayout
 from . import counters, debug, memory
-from .summary_store import STORE
 from .kernel_ops import DecodeShape, key_score_select, ops_for_device, timed_host_ms
 from .settings import BackendSettings, settings_from_vllm_config
+from .summary_store import STORE
 
 logger = logging.getLogger(__name__)
 # The ACTIVE line goes through a child of vLLM's logger so it appears in vLLM's own log stream
