@@ -23,7 +23,8 @@ def test_kernels_compile_for_sm90_without_spills():
     assert done.returncode == 0, done.stderr[-3000:]
     usage = json.loads(done.stdout.strip().splitlines()[-1])
     print(usage)
-    assert set(usage) == {"_build_kernel", "_score_kernel", "_keys_kernel", "_gather_kernel", "_select_kernel",
+    assert set(usage) == {"_build_kernel", "_score_kernel", "_keys_kernel", "_gather_kernel", "_resolve_kernel",
+                          "_finalize_kernel",
                           "_sparse_decode_kernel", "_merge_kernel"}
     spilled = {name: facts for name, facts in usage.items() if facts["stack_bytes"] > 0}
     assert not spilled, f"register spills on sm_90: {spilled}"

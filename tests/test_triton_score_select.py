@@ -19,7 +19,8 @@ pytestmark = pytest.mark.filterwarnings("error:invalid value encountered:Runtime
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", SELECT_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-{c.combine}-k{c.page_budget}"
-                         + (f"-wsG{c.workspace_group}" if c.workspace_group else "") + ("-ties" if c.identical_pages else ""))
+                         + (f"-wsG{c.workspace_group}" if c.workspace_group else "") + ("-ties" if c.identical_pages else "")
+                         + (f"-flat{c.page_noise}" if c.page_noise else ""))
 def test_score_select_matches_reference(device, case):
     result = check_score_select(device, case, fresh_seed())
     print(result)

@@ -21,6 +21,7 @@ from ..reference.packing import SummaryLayout
 from . import build as _build
 from . import decode as _decode
 from . import score_select as _ss
+from . import topk as _topk
 from ._common import FP32_EPS, RowConstants, next_pow2
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -31,6 +32,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
     rc = RowConstants.of(SummaryLayout(SummaryFormat.parse(fmt), head_dim))
     rows = {"rows_u8": "*u8", "rows_i8": "*i8", "rows_f16": "*fp16"}
     gs = g_dot = next_pow2(group)
+    select_common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_topk.HIST_BINS, LOW_BITS=_topk.LOW_BITS)
     return [
         (_build._build_kernel, {"k_ptr": "*bf16", "block_ids_ptr": "*i32", **rows},
          dict(D=head_dim, DH_PAD=head_dim // 2, DC=min(_build.DIM_CHUNK, head_dim // 2), P=build_tile, B=PAGE_SIZE,
@@ -44,18 +46,19 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
               BITS=rc.basis_bits, COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
               P=_ss.P_TILE, RP=next_pow2(rc.rank), FP32=rc.basis_bits == 16, STAGES=1, MANTISSA=True),
          (_ss.SCORE_WARPS, _ss.SCORE_MAXNREG)),
-        (_ss._keys_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "keys_ptr": "*i32",
-                            "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},
-         dict(G=group, GS=gs, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=0, BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS,
-              LOW_BITS=_ss.LOW_BITS), _ss.KEYS_WARPS),
-        (_ss._gather_kernel, {"keys_ptr": "*i32", "hist_ptr": "*i32", "counts_ptr": "*i32", "cand_low_ptr": "*i32",
-                              "cand_page_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
-         dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS),
-         _ss.KEYS_WARPS),
-        (_ss._select_kernel, {"hist_ptr": "*i32", "counts_ptr": "*i32", "cand_low_ptr": "*i32", "cand_page_ptr": "*i32",
-                              "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
-         dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS,
-              K_PAD=next_pow2(page_budget)), _ss.SELECT_WARPS),
+        (_topk._keys_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "keys_ptr": "*i32",
+                              "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},
+         dict(G=group, GS=gs, RULE=0, BLOCK=_topk.KEYS_BLOCK, STEPS=_topk.KEY_STEPS_PER_UNIT, WINDOW=_topk.AGG_WINDOW,
+              **select_common), _topk.KEYS_WARPS),
+        (_topk._gather_kernel, {"keys_ptr": "*i32", "hist_ptr": "*i32", "low_hist_ptr": "*i32", "counts_ptr": "*i32",
+                                "cand_low_ptr": "*i32", "cand_page_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
+         dict(BLOCK=_topk.KEYS_BLOCK, WINDOW=_topk.AGG_WINDOW, **select_common), _topk.KEYS_WARPS),
+        (_topk._resolve_kernel, {"hist_ptr": "*i32", "low_hist_ptr": "*i32", "counts_ptr": "*i32", "cand_low_ptr": "*i32",
+                                 "cand_page_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
+         dict(BLOCK=_topk.KEYS_BLOCK, **select_common), _topk.KEYS_WARPS),
+        (_topk._finalize_kernel, {"hist_ptr": "*i32", "low_hist_ptr": "*i32", "counts_ptr": "*i32", "cand_page_ptr": "*i32",
+                                  "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
+         dict(K_PAD=next_pow2(page_budget), **select_common), _topk.FINAL_WARPS),
         (_decode._sparse_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
                                          "seq_lens_ptr": "*i32", "sel_ptr": "*i32", "part_out_ptr": "*fp32",
                                          "part_lse_ptr": "*fp32", "scale": "fp32"},

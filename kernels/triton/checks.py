@@ -134,6 +134,7 @@ class SelectCase:
     num_kv_heads: int = 2
     identical_pages: bool = False  # every page holds the same keys: all scores tie, lower ids must win
     workspace_group: int | None = None  # allocate the workspace for this larger G (more padded head slots)
+    page_noise: float | None = None  # pages = page 0 + noise x fresh keys: near-flat shares, keys in a few bins
 
 
 def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.dtype = torch.float32) -> CheckResult:
@@ -148,6 +149,8 @@ def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.
     keys = gaussian_keys(gen, (S, Hkv, max_pages, PAGE_SIZE, d))
     if case.identical_pages:
         keys = keys[:, :, :1].expand_as(keys).contiguous()
+    elif case.page_noise is not None:
+        keys = keys[:, :, :1] + case.page_noise * keys
     packed = pack_summaries(build_page_summaries(keys, layout.rank), layout.fmt)  # [S, Hkv, maxP, row]
     rows = torch.randint(0, 256, (num_blocks, Hkv, layout.row_bytes), generator=gen, dtype=torch.uint8)
     for s, n in enumerate(num_pages):
@@ -275,6 +278,9 @@ SELECT_CASES = [
     SelectCase((16 * 26 + 15,), group=8, head_dim=64, fmt="r8i8", combine="group_max"),
     # all scores tie: more candidates than one select block, spread over many chunks; lowest ids win
     SelectCase((16 * 700 + 5,), group=2, head_dim=32, page_budget=600, num_kv_heads=1, identical_pages=True),
+    # Near-flat attention (what dummy weights give): every key in a few histogram bins, many candidates.
+    SelectCase((16 * 300 + 7,), group=8, head_dim=64, page_budget=20, page_noise=1e-3),
+    SelectCase((16 * 200 + 16, 16 * 90 + 2), group=4, head_dim=64, page_budget=9, combine="group_max", page_noise=1e-2),
 ]
 # Enough pages that the threshold bin is crowded; bf16 queries.
 MANY_PAGES_CASE = SelectCase((16 * 1500 + 7,), group=4, head_dim=64, fmt="r2i4", page_budget=64, num_kv_heads=1)

@@ -18,6 +18,7 @@ from ..reference.packing import SummaryLayout
 from . import build as _build
 from . import decode as _decode
 from . import score_select as _ss
+from . import topk as _sel
 from ._common import (
     FP32_EPS,
     RowConstants,
@@ -136,10 +137,11 @@ def score_select_workspace(
         chunk_max=torch.empty((pairs, _ss.MAX_CHUNKS, slots), dtype=torch.float32, device=device),
         chunk_sum=torch.empty((pairs, _ss.MAX_CHUNKS, slots), dtype=torch.float32, device=device),
         keys=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
-        hist=torch.zeros((pairs, _ss.HIST_BINS), dtype=torch.int32, device=device),  # kept zero between calls
+        hist=torch.zeros((pairs, _sel.HIST_BINS), dtype=torch.int32, device=device),  # kept zero between calls
+        low_hist=torch.zeros((pairs, 1 << _sel.LOW_BITS), dtype=torch.int32, device=device),  # kept zero between calls
         cand_low=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
         cand_page=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
-        counts=torch.zeros((pairs, _ss.MAX_CHUNKS + 1), dtype=torch.int32, device=device),  # kept zero between calls
+        counts=torch.zeros((pairs, 2 * _ss.MAX_CHUNKS + 1), dtype=torch.int32, device=device),  # [:, C] kept zero
     )
 
 
@@ -205,25 +207,27 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
 
 
 def _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget) -> None:
-    """Kernels 2-4 of score_select (arguments already checked). The kernel bench times them alone."""
+    """Kernels 2-5 of score_select (arguments already checked; topk.py). The kernel bench times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
-    _ss._keys_kernel[(pairs, chunks)](
-        ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, seq_lens,
-        num_kv_heads, ws.max_pages, chunks, page_budget,
-        G=group, GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=_ss.COMBINE_CODES[combine],
-        BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS, num_warps=_ss.KEYS_WARPS,
+    common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS)
+    sizes = (num_kv_heads, ws.max_pages, chunks, page_budget)
+    _sel._keys_kernel[(pairs, chunks)](
+        ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, seq_lens, *sizes,
+        G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
+        STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common,
     )
-    _ss._gather_kernel[(pairs, chunks)](
-        ws.keys, ws.hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages,
-        num_kv_heads, ws.max_pages, chunks, page_budget,
-        B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, BLOCK=_ss.KEYS_BLOCK, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS,
-        num_warps=_ss.KEYS_WARPS,
+    _sel._gather_kernel[(pairs, chunks)](
+        ws.keys, ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
+        BLOCK=_sel.KEYS_BLOCK, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common,
     )
-    _ss._select_kernel[(pairs,)](
-        ws.hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, num_kv_heads, ws.max_pages, chunks,
-        page_budget, B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_ss.HIST_BINS, LOW_BITS=_ss.LOW_BITS,
-        K_PAD=next_pow2(page_budget), num_warps=_ss.SELECT_WARPS,
+    _sel._resolve_kernel[(pairs, chunks)](
+        ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
+        BLOCK=_sel.KEYS_BLOCK, num_warps=_sel.KEYS_WARPS, **common,
+    )
+    _sel._finalize_kernel[(pairs,)](
+        ws.hist, ws.low_hist, ws.counts, ws.cand_page, seq_lens, selected_pages, *sizes,
+        K_PAD=next_pow2(page_budget), num_warps=_sel.FINAL_WARPS, **common,
     )
 
 

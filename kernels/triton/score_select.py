@@ -1,29 +1,16 @@
-"""Page scoring + GQA combine + top-k page selection (locks.md §2-3), in four launches.
+"""Page scoring for score_select (locks.md §2): kernel 1 of 5; kernels 2-5 (combine + top-k) are in topk.py.
 
-Reference: `reference.score.summary_page_scores`, `reference.select.combine_group` (page_mask =
-the scored pages, page < (seq_len - 1) // B: every page before the recent one, `config.scored_pages`) and `reference.select.select_pages`.
+Reference: `reference.score.summary_page_scores` over the scored pages (`config.scored_pages`: every
+page before the recent one).
 
-1. `_score_kernel`, grid (S * Hkv, num_chunks): each program streams a contiguous range of tiles
-   of P_TILE pages of one (sequence, KV head). A tile's rows are read ONCE for all G query heads:
-   centroid and basis columns go through tl.dot (int values are exact in bf16/fp16, so the tensor
-   cores see exact products; scales are applied after the product in fp32), the coefficient
-   contraction runs on CUDA cores. It writes the per-head LSE scores s[g, j] (fp32 scratch) and
-   an online (max, sum-exp) per head and chunk, so the softmax normalizer needs no second pass
-   over the summaries. Loop bounds come from seq_lens on the device: work tracks the live pages.
-   Bytes: row_bytes per scored page (832 for r8i4, d=128) + 4*G written (+ re-read below).
-2. `_keys_kernel`, grid (S * Hkv, num_chunks): merges the chunk normalizers and writes each
-   contested page's group key (the log of its share-average / group-max share / mass fraction,
-   all <= 0; same order as the reference) as 30-bit fixed point (2^-24 steps), and adds its
-   top-13-bit histogram into a per-(sequence, KV head) global histogram (atomics, 8192 bins).
-3. `_gather_kernel`, grid (S * Hkv, num_chunks): each program re-derives the threshold bin from
-   the finished histogram, scans its chunk of keys, appends the pages above the bin to the output
-   (atomic slot counter) and compacts the pages inside it, in page order, into its own page range.
-   Bytes: 32 KB of histogram (L2) per program + 4 per contested page + 8 per candidate.
-4. `_select_kernel`, grid (S * Hkv,): the remaining 17 bits are resolved among the candidates
-   (9 + 8 bit histograms; ties to the lower page id, as the reference), then sink + recent, sorted
-   ascending. Its work does not grow with the context. Pages <= k: every page, -1 padded (dense
-   fallback decided on the device). Key resolution: log shares below -64 (share < 2e-28) all tie
-   at 0, and keys within 2^-24 in log share tie; both go to the lower page id.
+`_score_kernel`, grid (S * Hkv, num_chunks): each program streams a contiguous range of tiles of
+P_TILE pages of one (sequence, KV head). A tile's rows are read ONCE for all G query heads: centroid
+and basis columns go through tl.dot (int values are exact in bf16/fp16, so the tensor cores see
+exact products; scales are applied after the product in fp32), the coefficient contraction is a
+small fp32 dot. It writes the per-head LSE scores s[g, j] (fp32 scratch) and an online (max,
+sum-exp) per head and chunk, so the softmax normalizer needs no second pass over the summaries.
+Loop bounds come from seq_lens on the device: work tracks the live pages. Bytes: row_bytes per
+scored page (832 for r8i4, d=128) + 4*G written.
 All scratch lives in `ScoreSelectWorkspace` (allocated once by the caller; CUDA-graph safe).
 """
 
@@ -71,30 +58,22 @@ class ScoreTuning:
 
 
 DEFAULT_TUNING = ScoreTuning()
-KEYS_BLOCK = 512  # pages per iteration of the key kernel
-KEYS_WARPS = 8
-# Candidates (pages in the threshold bin, 2^-7 wide in log share: usually a handful) per iteration of
-# the select kernel's three resolve passes; tl.histogram costs elements x bins per lane (512 / 32).
-CAND_BLOCK = 256  # [CAND, MAX_CHUNKS] chunk lookup: 512 spills on sm_90 at 16 warps
-_CAND = tl.constexpr(CAND_BLOCK)  # as a global the jit reads it at compile time
-SELECT_WARPS = 16
-HIST_BINS = 8192  # top 13 of the 30 key bits; the select kernel resolves the low 17 bits among one bin
-LOW_BITS = 17
-COMBINE_CODES = {"share_average": 0, "group_max": 1, "group_mass": 2}
 
 
 @dataclass(frozen=True)
 class ScoreSelectWorkspace:
     """Scratch of score_select (R = max_num_seqs * num_kv_heads, GS = next_pow2(G), C = MAX_CHUNKS):
-    scores [R, maxP, GS] fp32, chunk_max/chunk_sum [R, C, GS] fp32, keys/cand_low/cand_page
-    [R, maxP] int32, hist [R, HIST_BINS] int32 and counts [R, C + 1] int32 (both must start zeroed;
-    every call leaves them zeroed: counts[:, C] is the above-slot counter, counts[:, :C] per-chunk counts)."""
+    scores [R, maxP, GS] fp32, chunk_max/chunk_sum [R, C, GS] fp32, keys/cand_low/cand_page [R, maxP]
+    int32, hist [R, 8192] and low_hist [R, 1024] int32 and counts [R, 2C + 1] int32 (the histograms
+    and counts[:, C] must start zeroed; every call leaves them zeroed. counts[:, :C] candidates and
+    counts[:, C+1:] ties per chunk are rewritten by every call; counts[:, C] is the output slot counter)."""
 
     scores: torch.Tensor
     chunk_max: torch.Tensor
     chunk_sum: torch.Tensor
     keys: torch.Tensor
     hist: torch.Tensor
+    low_hist: torch.Tensor
     cand_low: torch.Tensor
     cand_page: torch.Tensor
     counts: torch.Tensor
@@ -247,209 +226,3 @@ def _score_kernel(
     part = (pair * MAXC + chunk) * GS + g
     tl.store(chunk_max_ptr + part, run_max, mask=g < GS)
     tl.store(chunk_sum_ptr + part, run_sum, mask=g < GS)
-
-
-@triton.jit
-def _pick_bin(hist, need, NB: tl.constexpr):
-    """Largest bin b with count(digit >= b) >= need; returns (b, need - count(digit > b))."""
-    bins = tl.arange(0, NB)
-    at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-    b = tl.max(tl.where(at_least >= need, bins, -1), axis=0)
-    above = tl.sum(tl.where(bins == b, at_least - hist, 0), axis=0)
-    return b, need - above
-
-
-@triton.jit
-def _keys_kernel(
-    scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, seq_lens_ptr,
-    num_kv_heads, max_pages, num_chunks, K,
-    G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
-    BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
-):
-    """Group key of every contested page as a 30-bit fixed-point log share, plus its top-digit histogram."""
-    pair = tl.program_id(0)
-    chunk = tl.program_id(1)
-    s = pair // num_kv_heads
-    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
-    if num_pages > K:
-        g = tl.arange(0, GS)
-        gm = g < G
-        ch = tl.arange(0, MAXC)
-        part = (pair * MAXC + ch[:, None]) * GS + g[None, :]
-        cmask = (ch[:, None] < num_chunks) & gm[None, :]
-        c_max = tl.load(chunk_max_ptr + part, mask=cmask, other=float("-inf"))
-        c_sum = tl.load(chunk_sum_ptr + part, mask=cmask, other=0.0)
-        top = tl.max(c_max, axis=0)
-        top_safe = tl.where(top == float("-inf"), 0.0, top)
-        total = tl.sum(c_sum * tl.exp(c_max - top_safe[None, :]), axis=0)
-        # Heads with shares: the real ones (g < G; slots G..GS-1 only pad G to a power of two) with a
-        # positive normalizer. The others must add nothing under any rule (and not be counted by the
-        # average): their scores load as -inf, and -inf - log Z with log Z = -inf would be NaN.
-        has_mass = gm & (total > 0.0)
-        log_norm = top_safe + tl.log(tl.where(has_mass, total, 1.0))  # [GS] log Z_g, finite in every slot
-        # Every rule's key is <= 0: log of a share (<= 1) or of a mass fraction.
-        if RULE == 2:  # group_mass: logsumexp_g s - logsumexp over every (g, page)
-            log_norm = tl.where(has_mass, log_norm, float("-inf"))
-            norm_max = tl.max(log_norm, axis=0)
-            offset = norm_max + tl.log(tl.sum(tl.exp(log_norm - norm_max), axis=0))
-        elif RULE == 0:  # share_average: log(mean_g share_g)
-            offset = tl.log(G * 1.0)
-        else:
-            offset = 0.0
-        recent = num_pages - 1
-        per_chunk = tl.cdiv(recent - 1, num_chunks)
-        first = 1 + chunk * per_chunk
-        last = tl.minimum(first + per_chunk, recent)
-        score_rows = scores_ptr + pair.to(tl.int64) * max_pages * GS
-        for start in range(first, last, BLOCK):
-            page = start + tl.arange(0, BLOCK)
-            pm = page < last
-            sc = tl.load(score_rows + page[:, None] * GS + g[None, :], mask=pm[:, None] & gm[None, :], other=float("-inf"))
-            if RULE == 2:
-                x = sc
-            else:  # log share per head; -inf (share 0) for heads without shares, as in the reference
-                x = tl.where(has_mass[None, :], sc - log_norm[None, :], float("-inf"))
-            x_max = tl.max(x, axis=1)
-            if RULE == 1:  # group_max: the largest share
-                key = x_max
-            else:
-                x_safe = tl.where(x_max == float("-inf"), 0.0, x_max)
-                key = x_safe + tl.log(tl.where(pm, tl.sum(tl.exp(x - x_safe[:, None]), axis=1), 1.0))
-            key = key - offset
-            # NaN (from NaN inputs; the reference counts NaN as -inf) becomes the lowest key: a NaN cast
-            # to int would index the histogram out of bounds.
-            key = tl.minimum(tl.maximum(tl.where(key == key, key, -64.0), -64.0), 0.0)
-            # Fixed point: 2^-24 steps of log share (finer than fp32 at |key| >= 1), 0 = share <= e^-64.
-            fixed = (key * 16777216.0).to(tl.int32) + (1 << 30)
-            fixed = tl.minimum(fixed, (1 << 30) - 1)
-            tl.store(keys_ptr + pair.to(tl.int64) * max_pages + page, fixed, mask=pm)
-            # One atomic per page: bins are 2^-7 wide in log share, so collisions stay moderate.
-            tl.atomic_add(hist_ptr + pair * NBINS + (fixed >> LOW_BITS), 1, mask=pm, sem="relaxed")
-
-
-@triton.jit
-def _gather_kernel(
-    keys_ptr, hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
-    num_kv_heads, max_pages, num_chunks, K,
-    B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
-):
-    """Pages above the threshold bin go straight to the output; pages inside it become candidates.
-
-    Same (pair, chunk) split as the key kernel, so the scan of every key is spread over the whole GPU
-    (it was one program per pair: ~2.9K instructions per thread per 8192 keys on one SM, 8 passes at 1M).
-    Each program re-derives the threshold bin from the finished histogram (32 KB, L2 hits). Above pages
-    are unordered (atomic slot counter; the select kernel sorts), candidates keep page order: chunk c
-    compacts them into its own page range [first_c, last_c) of cand_*, and its count goes to counts[c].
-    """
-    pair = tl.program_id(0)
-    chunk = tl.program_id(1)
-    s = pair // num_kv_heads
-    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
-    if num_pages > K:
-        hist = tl.load(hist_ptr + pair * NBINS + tl.arange(0, NBINS))
-        b1, _ = _pick_bin(hist, K - 2, NBINS)
-        recent = num_pages - 1
-        per_chunk = tl.cdiv(recent - 1, num_chunks)
-        first = 1 + chunk * per_chunk
-        last = tl.minimum(first + per_chunk, recent)
-        key_row = keys_ptr + pair.to(tl.int64) * max_pages
-        cand_low = cand_low_ptr + pair.to(tl.int64) * max_pages + first
-        cand_page = cand_page_ptr + pair.to(tl.int64) * max_pages + first
-        out_row = out_ptr + pair.to(tl.int64) * K
-        count_row = counts_ptr + pair * (MAXC + 1)
-        n_cand = 0
-        for start in range(first, last, BLOCK):
-            page = start + tl.arange(0, BLOCK)
-            pm = page < last
-            u = tl.load(key_row + page, mask=pm, other=0)
-            digit = u >> LOW_BITS
-            above = pm & (digit > b1)
-            inside = pm & (digit == b1)
-            n_up = tl.sum(above.to(tl.int32), axis=0)
-            if n_up > 0:  # fewer than k - 2 pages in all: the counter sees few atomics
-                base = tl.atomic_add(count_row + MAXC, n_up, sem="relaxed")
-                tl.store(out_row + 1 + base + tl.cumsum(above.to(tl.int32), axis=0) - 1, page, mask=above)
-            pos = n_cand + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-            tl.store(cand_low + pos, u & ((1 << LOW_BITS) - 1), mask=inside)
-            tl.store(cand_page + pos, page, mask=inside)
-            n_cand += tl.sum(inside.to(tl.int32), axis=0)
-        tl.store(count_row + chunk, n_cand)
-
-
-@triton.jit
-def _cand_block(cand_low, cand_page, seg_first, per_chunk, c_end, n_cand, f0, CAND: tl.constexpr):
-    """Candidates f0 .. f0+CAND-1 of the chunk lists laid end to end (chunk order = page order).
-
-    c_end [MAXC]: inclusive prefix sum of the per-chunk counts. Returns (low bits, page, valid) [CAND].
-    """
-    f = f0 + tl.arange(0, CAND)
-    done = c_end[None, :] <= f[:, None]  # [CAND, MAXC]: chunks wholly before f
-    c = tl.sum(done.to(tl.int32), axis=1)
-    c_start = tl.max(tl.where(done, c_end[None, :], 0), axis=1)
-    valid = f < n_cand
-    pos = seg_first + c * per_chunk + f - c_start
-    low = tl.load(cand_low + pos, mask=valid, other=0)
-    page = tl.load(cand_page + pos, mask=valid, other=0)
-    return low, page, valid
-
-
-@triton.jit
-def _select_kernel(
-    hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
-    num_kv_heads, max_pages, num_chunks, K,
-    B: tl.constexpr, MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr,
-):
-    """Resolves the threshold bin among its candidates (ties to the lower page id) + sink + recent, ascending.
-
-    Work is O(NBINS + candidates + k), independent of the context: the keys were scanned in parallel
-    by _gather_kernel. At bs1 this is a chain of ~6 dependent memory round trips on one SM per pair.
-    """
-    pair = tl.program_id(0)
-    s = pair // num_kv_heads
-    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
-    out_row = out_ptr + pair.to(tl.int64) * K
-    slot = tl.arange(0, K_PAD)
-    if num_pages <= K:  # dense fallback: every page, -1 padded
-        tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
-    else:
-        bins = tl.arange(0, NBINS)
-        hist = tl.load(hist_ptr + pair * NBINS + bins)
-        tl.store(hist_ptr + pair * NBINS + bins, tl.zeros([NBINS], tl.int32))  # zero again for the next call
-        _, need = _pick_bin(hist, K - 2, NBINS)
-        count_row = counts_ptr + pair * (MAXC + 1)
-        ch = tl.arange(0, MAXC)
-        c_end = tl.cumsum(tl.load(count_row + ch, mask=ch < num_chunks, other=0), axis=0)
-        n_cand = tl.sum(tl.where(ch == MAXC - 1, c_end, 0), axis=0)
-        n_above = tl.load(count_row + MAXC)
-        tl.store(count_row + MAXC, 0)  # the above-slot counter starts at zero on the next call
-        recent = num_pages - 1
-        per_chunk = tl.cdiv(recent - 1, num_chunks)
-        cand_low = cand_low_ptr + pair.to(tl.int64) * max_pages
-        cand_page = cand_page_ptr + pair.to(tl.int64) * max_pages
-        # Resolve the remaining LOW_BITS (= 9 + 8) bits among the candidates (usually one block).
-        MID: tl.constexpr = LOW_BITS - 8
-        hist_mid = tl.zeros([1 << MID], tl.int32)
-        for f0 in range(0, n_cand, _CAND):
-            low, page, cm = _cand_block(cand_low, cand_page, 1, per_chunk, c_end, n_cand, f0, _CAND)
-            hist_mid += tl.histogram(low >> 8, 1 << MID, mask=cm)
-        b2, need = _pick_bin(hist_mid, need, 1 << MID)
-        hist_low = tl.zeros([256], tl.int32)
-        for f0 in range(0, n_cand, _CAND):
-            low, page, cm = _cand_block(cand_low, cand_page, 1, per_chunk, c_end, n_cand, f0, _CAND)
-            hist_low += tl.histogram(low & 255, 256, mask=cm & ((low >> 8) == b2))
-        b3, need = _pick_bin(hist_low, need, 256)
-        threshold = (b2 << 8) | b3
-        written = 1 + n_above
-        ties = 0
-        for f0 in range(0, n_cand, _CAND):
-            low, page, cm = _cand_block(cand_low, cand_page, 1, per_chunk, c_end, n_cand, f0, _CAND)
-            tie = cm & (low == threshold)
-            take = (cm & (low > threshold)) | (tie & (ties + tl.cumsum(tie.to(tl.int32), axis=0) - 1 < need))
-            tl.store(out_row + written + tl.cumsum(take.to(tl.int32), axis=0) - 1, page, mask=take)
-            written += tl.sum(take.to(tl.int32), axis=0)
-            ties += tl.sum(tie.to(tl.int32), axis=0)
-        tl.store(out_row, 0)
-        tl.store(out_row + K - 1, recent)
-        tl.debug_barrier()
-        row = tl.load(out_row + slot, mask=slot < K, other=2147483647)
-        tl.store(out_row + slot, tl.sort(row), mask=slot < K)

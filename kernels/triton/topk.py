@@ -1,0 +1,257 @@
+"""Group combine + top-(k-2) page selection of score_select: kernels 2-5, after the score kernel.
+
+Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`.
+
+Keys: each contested page's group key (log of its share-average / group-max share / mass fraction,
+all <= 0; the reference's order) as 23-bit fixed point, 2^-17 steps over [-64, 0]: log shares below
+-64 (share < 2e-28) all map to 0, and keys within 2^-17 (7.6e-6 in log share, under the checks'
+1e-5 tie tolerance) tie. Ties go to the lower page id, as exact ties do in the reference.
+
+Top-(k-2) by a two-level radix select (13 + 10 bits) in which every pass over pages or candidates is
+spread over (pair, chunk) programs; only the last kernel is one program per (sequence, KV head), and
+its work is O(chunks + k) whatever the key distribution. (The previous resolution walked all
+candidates of the threshold bin in one program: with flat attention every page is a candidate, and it
+took 473 us per layer at 128K on the H200 against 31 us on random queries.)
+2. `_keys_kernel`: merges the score kernel's chunk normalizers, writes the keys, and adds their top 13
+   bits to the pair's histogram.
+3. `_gather_kernel`: threshold bin b1 from the finished histogram; pages above it go to the output
+   (atomic slot counter, unordered), pages in it to the chunk's candidate list (page order, inside
+   the chunk's own page range) and their low 10 bits to the pair's second histogram.
+4. `_resolve_kernel`: threshold b2 of the low bits; candidates above it go to the output, ties
+   (low == b2) stay in the chunk's list, compacted in place, and are counted.
+5. `_finalize_kernel`: the first `need` ties in chunk order (= page order), sink and recent, sorted
+   ascending; zeroes both histograms and the slot counter for the next call. Pages <= k: every page,
+   -1 padded (the dense fallback, decided on the device).
+Histogram atomics are pre-aggregated per block when the block's digits span < 64 bins (a flat
+distribution would otherwise send every lane's atomic to one address).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+KEYS_BLOCK = 512  # pages per iteration of the key, gather and resolve kernels
+KEYS_WARPS = 8
+FINAL_WARPS = 4
+HIST_BINS = 8192  # top 13 of the 23 key bits
+LOW_BITS = 10  # resolved by the second histogram
+KEY_STEPS_PER_UNIT = 1 << 17  # fixed-point steps per unit of log share
+AGG_WINDOW = 64  # digit span below which a block counts locally before its atomics
+COMBINE_CODES = {"share_average": 0, "group_max": 1, "group_mass": 2}
+
+
+@triton.jit
+def _pick_bin(hist, need, NB: tl.constexpr):
+    """Largest bin b with count(digit >= b) >= need; returns (b, need - count(digit > b))."""
+    bins = tl.arange(0, NB)
+    at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+    b = tl.max(tl.where(at_least >= need, bins, -1), axis=0)
+    above = tl.sum(tl.where(bins == b, at_least - hist, 0), axis=0)
+    return b, need - above
+
+
+@triton.jit
+def _add_to_histogram(hist_row, digit, valid, WINDOW: tl.constexpr, NB: tl.constexpr):
+    """hist_row[digit] += 1 for the valid lanes; one atomic per bin when the digits span < WINDOW bins."""
+    lo = tl.min(tl.where(valid, digit, NB), axis=0)
+    hi = tl.max(tl.where(valid, digit, -1), axis=0)
+    if hi - lo < WINDOW:  # also when no lane is valid (hi - lo < 0): every count is 0, nothing is added
+        local = tl.histogram(tl.where(valid, digit - lo, 0), WINDOW, mask=valid)
+        tl.atomic_add(hist_row + lo + tl.arange(0, WINDOW), local, mask=local > 0, sem="relaxed")
+    else:
+        tl.atomic_add(hist_row + digit, 1, mask=valid, sem="relaxed")
+
+
+@triton.jit
+def _chunk_range(num_pages, chunk, num_chunks):
+    """[first, last) of the contested pages 1 .. num_pages-2 that chunk `chunk` of `num_chunks` owns."""
+    recent = num_pages - 1
+    per_chunk = tl.cdiv(recent - 1, num_chunks)
+    first = 1 + chunk * per_chunk
+    return first, tl.minimum(first + per_chunk, recent)
+
+
+@triton.jit
+def _keys_kernel(
+    scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, seq_lens_ptr,
+    num_kv_heads, max_pages, num_chunks, K,
+    G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
+    BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
+):
+    """Group key of every contested page as a 23-bit fixed-point log share, plus its top-digit histogram."""
+    pair = tl.program_id(0)
+    chunk = tl.program_id(1)
+    s = pair // num_kv_heads
+    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
+    if num_pages > K:
+        g = tl.arange(0, GS)
+        gm = g < G
+        ch = tl.arange(0, MAXC)
+        part = (pair * MAXC + ch[:, None]) * GS + g[None, :]
+        cmask = (ch[:, None] < num_chunks) & gm[None, :]
+        c_max = tl.load(chunk_max_ptr + part, mask=cmask, other=float("-inf"))
+        c_sum = tl.load(chunk_sum_ptr + part, mask=cmask, other=0.0)
+        top = tl.max(c_max, axis=0)
+        top_safe = tl.where(top == float("-inf"), 0.0, top)
+        total = tl.sum(c_sum * tl.exp(c_max - top_safe[None, :]), axis=0)
+        # Heads with shares: the real ones (g < G; slots G..GS-1 only pad G to a power of two) with a
+        # positive normalizer. The others must add nothing under any rule (and not be counted by the
+        # average): their scores load as -inf, and -inf - log Z with log Z = -inf would be NaN.
+        has_mass = gm & (total > 0.0)
+        log_norm = top_safe + tl.log(tl.where(has_mass, total, 1.0))  # [GS] log Z_g, finite in every slot
+        if RULE == 2:  # group_mass: logsumexp_g s - logsumexp over every (g, page)
+            log_norm = tl.where(has_mass, log_norm, float("-inf"))
+            norm_max = tl.max(log_norm, axis=0)
+            offset = norm_max + tl.log(tl.sum(tl.exp(log_norm - norm_max), axis=0))
+        elif RULE == 0:  # share_average: log(mean_g share_g)
+            offset = tl.log(G * 1.0)
+        else:
+            offset = 0.0
+        first, last = _chunk_range(num_pages, chunk, num_chunks)
+        score_rows = scores_ptr + pair.to(tl.int64) * max_pages * GS
+        for start in range(first, last, BLOCK):
+            page = start + tl.arange(0, BLOCK)
+            pm = page < last
+            sc = tl.load(score_rows + page[:, None] * GS + g[None, :], mask=pm[:, None] & gm[None, :], other=float("-inf"))
+            if RULE == 2:
+                x = sc
+            else:  # log share per head; -inf (share 0) for heads without shares, as in the reference
+                x = tl.where(has_mass[None, :], sc - log_norm[None, :], float("-inf"))
+            x_max = tl.max(x, axis=1)
+            if RULE == 1:  # group_max: the largest share
+                key = x_max
+            else:
+                x_safe = tl.where(x_max == float("-inf"), 0.0, x_max)
+                key = x_safe + tl.log(tl.where(pm, tl.sum(tl.exp(x - x_safe[:, None]), axis=1), 1.0))
+            key = key - offset
+            # NaN (from NaN inputs; the reference counts NaN as -inf) becomes the lowest key: a NaN cast
+            # to int would index the histogram out of bounds.
+            key = tl.minimum(tl.maximum(tl.where(key == key, key, -64.0), -64.0), 0.0)
+            fixed = (key * STEPS).to(tl.int32) + 64 * STEPS  # 0 = share <= e^-64
+            fixed = tl.minimum(fixed, 64 * STEPS - 1)
+            tl.store(keys_ptr + pair.to(tl.int64) * max_pages + page, fixed, mask=pm)
+            _add_to_histogram(hist_ptr + pair * NBINS, fixed >> LOW_BITS, pm, WINDOW, NBINS)
+
+
+@triton.jit
+def _gather_kernel(
+    keys_ptr, hist_ptr, low_hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
+    num_kv_heads, max_pages, num_chunks, K,
+    B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
+    WINDOW: tl.constexpr,
+):
+    """Pages above the threshold bin go to the output; pages inside it become the chunk's candidates."""
+    pair = tl.program_id(0)
+    chunk = tl.program_id(1)
+    s = pair // num_kv_heads
+    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
+    if num_pages > K:
+        b1, _ = _pick_bin(tl.load(hist_ptr + pair * NBINS + tl.arange(0, NBINS)), K - 2, NBINS)
+        first, last = _chunk_range(num_pages, chunk, num_chunks)
+        row = pair.to(tl.int64) * max_pages
+        out_row = out_ptr + pair.to(tl.int64) * K
+        count_row = counts_ptr + pair * (2 * MAXC + 1)
+        n_cand = 0
+        for start in range(first, last, BLOCK):
+            page = start + tl.arange(0, BLOCK)
+            pm = page < last
+            u = tl.load(keys_ptr + row + page, mask=pm, other=0)
+            digit = u >> LOW_BITS
+            above = pm & (digit > b1)
+            inside = pm & (digit == b1)
+            n_up = tl.sum(above.to(tl.int32), axis=0)
+            if n_up > 0:  # fewer than k - 2 pages in all: the counter sees few atomics
+                base = tl.atomic_add(count_row + MAXC, n_up, sem="relaxed")
+                tl.store(out_row + 1 + base + tl.cumsum(above.to(tl.int32), axis=0) - 1, page, mask=above)
+            low = u & ((1 << LOW_BITS) - 1)
+            pos = first + n_cand + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+            tl.store(cand_low_ptr + row + pos, low, mask=inside)
+            tl.store(cand_page_ptr + row + pos, page, mask=inside)
+            _add_to_histogram(low_hist_ptr + pair * (1 << LOW_BITS), low, inside, WINDOW, 1 << LOW_BITS)
+            n_cand += tl.sum(inside.to(tl.int32), axis=0)
+        tl.store(count_row + chunk, n_cand)
+
+
+@triton.jit
+def _resolve_kernel(
+    hist_ptr, low_hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
+    num_kv_heads, max_pages, num_chunks, K,
+    B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
+):
+    """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list."""
+    pair = tl.program_id(0)
+    chunk = tl.program_id(1)
+    s = pair // num_kv_heads
+    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
+    if num_pages > K:
+        _, need = _pick_bin(tl.load(hist_ptr + pair * NBINS + tl.arange(0, NBINS)), K - 2, NBINS)
+        b2, _ = _pick_bin(tl.load(low_hist_ptr + pair * (1 << LOW_BITS) + tl.arange(0, 1 << LOW_BITS)), need, 1 << LOW_BITS)
+        first, _ = _chunk_range(num_pages, chunk, num_chunks)
+        row = pair.to(tl.int64) * max_pages + first
+        out_row = out_ptr + pair.to(tl.int64) * K
+        count_row = counts_ptr + pair * (2 * MAXC + 1)
+        n_cand = tl.load(count_row + chunk)
+        n_tie = 0
+        for start in range(0, n_cand, BLOCK):
+            f = start + tl.arange(0, BLOCK)
+            valid = f < n_cand
+            low = tl.load(cand_low_ptr + row + f, mask=valid, other=0)
+            page = tl.load(cand_page_ptr + row + f, mask=valid, other=0)
+            up = valid & (low > b2)
+            tie = valid & (low == b2)
+            n_up = tl.sum(up.to(tl.int32), axis=0)
+            if n_up > 0:
+                base = tl.atomic_add(count_row + MAXC, n_up, sem="relaxed")
+                tl.store(out_row + 1 + base + tl.cumsum(up.to(tl.int32), axis=0) - 1, page, mask=up)
+            # In place: a tie is written at or before the slot it was read from, and the whole block
+            # is loaded before any of its stores (they depend on the block-wide cumsum).
+            tl.store(cand_page_ptr + row + n_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1, page, mask=tie)
+            n_tie += tl.sum(tie.to(tl.int32), axis=0)
+        tl.store(count_row + MAXC + 1 + chunk, n_tie)
+
+
+@triton.jit
+def _finalize_kernel(
+    hist_ptr, low_hist_ptr, counts_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
+    num_kv_heads, max_pages, num_chunks, K,
+    B: tl.constexpr, MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr,
+):
+    """The first `need` ties in page order + sink + recent, ascending; resets the scratch for the next call."""
+    pair = tl.program_id(0)
+    s = pair // num_kv_heads
+    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
+    out_row = out_ptr + pair.to(tl.int64) * K
+    slot = tl.arange(0, K_PAD)
+    if num_pages <= K:  # dense fallback: every page, -1 padded
+        tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
+    else:
+        bins = tl.arange(0, NBINS)
+        low_bins = tl.arange(0, 1 << LOW_BITS)
+        hist = tl.load(hist_ptr + pair * NBINS + bins)
+        low_hist = tl.load(low_hist_ptr + pair * (1 << LOW_BITS) + low_bins)
+        tl.store(hist_ptr + pair * NBINS + bins, tl.zeros([NBINS], tl.int32))
+        tl.store(low_hist_ptr + pair * (1 << LOW_BITS) + low_bins, tl.zeros([1 << LOW_BITS], tl.int32))
+        _, need = _pick_bin(hist, K - 2, NBINS)
+        _, need = _pick_bin(low_hist, need, 1 << LOW_BITS)
+        count_row = counts_ptr + pair * (2 * MAXC + 1)
+        n_above = tl.load(count_row + MAXC)
+        tl.store(count_row + MAXC, 0)  # the slot counter starts at zero on the next call
+        ch = tl.arange(0, MAXC)
+        ties = tl.load(count_row + MAXC + 1 + ch, mask=ch < num_chunks, other=0)
+        tie_end = tl.cumsum(ties, axis=0)  # inclusive: ties in chunks 0..c
+        # Slot j < need takes tie number j in chunk order: chunk c = #chunks whose ties end at or before j.
+        done = tie_end[None, :] <= slot[:, None]  # [K_PAD, MAXC]
+        c = tl.sum(done.to(tl.int32), axis=1)
+        c_start = tl.max(tl.where(done, tie_end[None, :], 0), axis=1)
+        recent = num_pages - 1
+        per_chunk = tl.cdiv(recent - 1, num_chunks)
+        take = slot < need
+        pos = 1 + c * per_chunk + slot - c_start
+        page = tl.load(cand_page_ptr + pair.to(tl.int64) * max_pages + pos, mask=take, other=0)
+        tl.store(out_row + 1 + n_above + slot, page, mask=take)
+        tl.store(out_row, 0)
+        tl.store(out_row + K - 1, recent)
+        tl.debug_barrier()
+        row = tl.load(out_row + slot, mask=slot < K, other=2147483647)
+        tl.store(out_row + slot, tl.sort(row), mask=slot < K)
