@@ -35,6 +35,7 @@ VARIANTS = (
     ScoreTuning(warps=4, stages=2),
     ScoreTuning(warps=4, mantissa_nibbles=False),
     ScoreTuning(warps=4, tile=32),
+    ScoreTuning(max_chunks=128),  # bs1 fills every program slot (4 per SM x 132)
 )
 
 

@@ -192,7 +192,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     rc = RowConstants.of(layout)
     pairs = num_seqs * num_kv_heads
     slots = tuning.programs_per_sm * num_sms(device_index(q))
-    chunks = max(1, min(_ss.MAX_CHUNKS, slots // pairs, cdiv(block_table.shape[1], tuning.tile)))
+    chunks = max(1, min(tuning.max_chunks, slots // pairs, cdiv(block_table.shape[1], tuning.tile)))
     rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
     _ss._score_kernel[(pairs, chunks)](
         q, rows_u8, rows_i8, rows_f16, block_table, seq_lens, ws.scores, ws.chunk_max, ws.chunk_sum,

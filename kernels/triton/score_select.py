@@ -32,7 +32,7 @@ from ._common import mm
 # and the int-to-float nibble path were 5-10% slower. More resident warps hide the latency of each
 # tile's loads and barriers; reaching the floor needs a few hundred instructions per tile.
 P_TILE = 16  # pages per tile: the N of every tl.dot
-MAX_CHUNKS = 64  # score programs per (sequence, KV head) at most; fixed by the workspace
+MAX_CHUNKS = 128  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
 SCORE_WARPS = 4
 SCORE_MAXNREG = 128  # r8i4, G=8, d=128 at 8 warps: 165 registers uncapped; capped at 128: no spill (aot.py)
 # Programs do equal work, so the launch fills at most one wave (2.06 waves take 3 waves' time, one
@@ -51,6 +51,13 @@ class ScoreTuning:
     tile: int = P_TILE
     stages: int = 1
     mantissa_nibbles: bool = True  # False: int-to-float conversion of the int4 codes (the older path)
+    # Chunks per (sequence, KV head) at most. 64 is what was measured (bs1 then fills 256 of the 528
+    # program slots); up to MAX_CHUNKS fills them all at bs1: the sweep's variant, not yet timed.
+    max_chunks: int = 64
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_chunks <= MAX_CHUNKS:
+            raise ValueError(f"max_chunks {self.max_chunks} must be in 1..{MAX_CHUNKS} (the workspace capacity)")
 
     @property
     def programs_per_sm(self) -> int:

@@ -33,7 +33,7 @@ import triton.language as tl
 
 KEYS_BLOCK = 512  # pages per iteration of the key, gather and resolve kernels
 KEYS_WARPS = 8
-FINAL_WARPS = 4
+FINAL_WARPS = 8  # its [k, chunks] tie lookup is 16K elements: 4 warps sat at 255 registers
 HIST_BINS = 8192  # top 13 of the 23 key bits
 LOW_BITS = 10  # resolved by the second histogram
 KEY_STEPS_PER_UNIT = 1 << 17  # fixed-point steps per unit of log share
