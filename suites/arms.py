@@ -32,6 +32,7 @@ DENSE_ARM = "fullkv"
 # Arms whose scorer reads a summary format (rank and precision); the others ignore a format.
 _FORMAT_ARMS = {"locks": SummaryFormat(), "shared_basis_sequence": SummaryFormat(8, None),
                 "shared_basis_global": SummaryFormat(8, None)}  # fmt: skip
+FORMAT_SCORERS: tuple[str, ...] = tuple(_FORMAT_ARMS)
 ARM_NAMES: tuple[str, ...] = (DENSE_ARM, *scorer_names())
 
 

@@ -22,12 +22,11 @@ from ..kernels.reference.score import exact_page_scores
 from ..kernels.reference.select import combine_group, select_pages
 from ..kernels.reference.selectors import make_scorer, scorer_names
 from ..kernels.reference.summary import PageSummaries, reconstruct_keys
+from .arms import DENSE_ARM, FORMAT_SCORERS, ArmError, parse_arm
 from .microscope_audit import AuditCounts, audit_scores, audit_selection, step_outputs
 
 logger = logging.getLogger(__name__)
 
-# Scorers whose state depends on the summary format (rank / precision); the others ignore --formats.
-FORMAT_SCORERS = ("locks", "shared_basis_sequence", "shared_basis_global")
 _TINY = 1e-300  # floor for shares before taking logs (fp64 softmax can underflow to 0)
 
 
@@ -44,24 +43,26 @@ class Arm:
 
 
 def parse_arms(selectors: Sequence[str], formats: Sequence[str]) -> list[Arm]:
-    """`locks` expands over `formats`; `locks:r4i8` names one format; other scorers take no format."""
-    known = scorer_names()
+    """`locks` expands over `formats`; `locks:r4i8` names one format; other scorers take no format.
+
+    Names and formats are checked by the eval arms' parser (`suites.arms.parse_arm`), so both commands
+    accept and refuse the same spellings; `fullkv` is not a selector here (it selects nothing)."""
     parsed_formats = [SummaryFormat.parse(text) for text in formats]
     arms: list[Arm] = []
     for text in selectors:
         name, _, fmt_text = text.strip().partition(":")
-        if name not in known:
-            raise ValueError(f"selector {name!r} is not a registered scorer; use one of {', '.join(known)}")
-        if fmt_text:
-            if name not in FORMAT_SCORERS:
-                raise ValueError(f"selector {name!r} takes no summary format; drop ':{fmt_text}'")
-            arms.append(Arm(name, SummaryFormat.parse(fmt_text)))
-        elif name in FORMAT_SCORERS:
+        if name.strip().lower() == DENSE_ARM:
+            raise ValueError(f"selector {name!r} selects no pages; use one of {', '.join(scorer_names())}")
+        if name in FORMAT_SCORERS and not fmt_text:
             if not parsed_formats:
                 raise ValueError(f"selector {name!r} needs a summary format; pass --formats r8i4 or {name}:r8i4")
             arms.extend(Arm(name, fmt) for fmt in parsed_formats)
-        else:
-            arms.append(Arm(name))
+            continue
+        try:
+            arm = parse_arm(text)
+        except ArmError as error:
+            raise ValueError(str(error)) from None
+        arms.append(Arm(arm.scorer, arm.fmt))
     if len(set(arms)) != len(arms):
         raise ValueError(f"selectors repeat an arm: {', '.join(a.label for a in arms)}")
     return arms

@@ -31,7 +31,7 @@ def invoke(*args: str):
         (["--budgets", "16"], "leaves no room for the sink and recent pages"),
         (["--budgets", "256,abc"], "not a comma list"),
         (["--budgets", "256,256"], "budgets repeat"),
-        (["--selectors", "oracle,nope"], "not a registered scorer"),
+        (["--selectors", "oracle,nope"], "unknown arm"),
         (["--formats", "r8x4"], "not rNiM or rNfp"),
         (["--selectors", "quest:r8i4"], "takes no summary format"),
         (["--steps", "0"], "at least one decode step"),

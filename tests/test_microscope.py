@@ -185,8 +185,10 @@ def test_capture_check_detects_a_wrong_scale():
 def test_parse_arms_expands_formats_and_rejects_unknown_names():
     arms = parse_arms(["oracle", "locks", "locks:r4i8", "quest"], ["r8i4", "r8fp"])
     assert [a.label for a in arms] == ["oracle", "locks r8i4", "locks r8fp", "locks r4i8", "quest"]
-    with pytest.raises(ValueError, match="not a registered scorer"):
+    with pytest.raises(ValueError, match="unknown arm 'nope'"):
         parse_arms(["nope"], ["r8i4"])
+    with pytest.raises(ValueError, match="selects no pages"):
+        parse_arms(["fullkv"], ["r8i4"])
     with pytest.raises(ValueError, match="takes no summary format"):
         parse_arms(["quest:r8i4"], [])
     with pytest.raises(ValueError, match="repeat"):
