@@ -64,6 +64,13 @@ def _add_to_histogram(hist_row, digit, valid, WINDOW: tl.constexpr, NB: tl.const
 
 
 @triton.jit
+def _program_pages(seq_lens_ptr, num_kv_heads, B: tl.constexpr):
+    """(pair = sequence * Hkv + KV head, chunk, pages holding tokens) of this program."""
+    pair = tl.program_id(0)
+    return pair, tl.program_id(1), tl.cdiv(tl.load(seq_lens_ptr + pair // num_kv_heads), B)
+
+
+@triton.jit
 def _chunk_range(num_pages, chunk, num_chunks):
     """[first, last) of the contested pages 1 .. num_pages-2 that chunk `chunk` of `num_chunks` owns."""
     recent = num_pages - 1
@@ -80,10 +87,7 @@ def _keys_kernel(
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
 ):
     """Group key of every contested page as a 23-bit fixed-point log share, plus its top-digit histogram."""
-    pair = tl.program_id(0)
-    chunk = tl.program_id(1)
-    s = pair // num_kv_heads
-    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
+    pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         g = tl.arange(0, GS)
         gm = g < G
@@ -142,10 +146,7 @@ def _gather_kernel(
     WINDOW: tl.constexpr,
 ):
     """Pages above the threshold bin go to the output; pages inside it become the chunk's candidates."""
-    pair = tl.program_id(0)
-    chunk = tl.program_id(1)
-    s = pair // num_kv_heads
-    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
+    pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         b1, _ = _pick_bin(tl.load(hist_ptr + pair * NBINS + tl.arange(0, NBINS)), K - 2, NBINS)
         first, last = _chunk_range(num_pages, chunk, num_chunks)
@@ -180,10 +181,7 @@ def _resolve_kernel(
     B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
 ):
     """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list."""
-    pair = tl.program_id(0)
-    chunk = tl.program_id(1)
-    s = pair // num_kv_heads
-    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
+    pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         _, need = _pick_bin(tl.load(hist_ptr + pair * NBINS + tl.arange(0, NBINS)), K - 2, NBINS)
         b2, _ = _pick_bin(tl.load(low_hist_ptr + pair * (1 << LOW_BITS) + tl.arange(0, 1 << LOW_BITS)), need, 1 << LOW_BITS)
@@ -218,9 +216,7 @@ def _finalize_kernel(
     B: tl.constexpr, MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr,
 ):
     """The first `need` ties in page order + sink + recent, ascending; resets the scratch for the next call."""
-    pair = tl.program_id(0)
-    s = pair // num_kv_heads
-    num_pages = tl.cdiv(tl.load(seq_lens_ptr + s), B)
+    pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     out_row = out_ptr + pair.to(tl.int64) * K
     slot = tl.arange(0, K_PAD)
     if num_pages <= K:  # dense fallback: every page, -1 padded
