@@ -21,13 +21,13 @@ _DATA_HINT = "put the task's JSONL file under --data-dir; the expected schema is
 def run(
     config_file: Optional[Path] = typer.Option(None, "--config", help="YAML run file (keys as the options below); options given on the command line win."),
     suite: Optional[str] = typer.Option(None, "--suite", help="Suite: ruler, infinitebench, longbench or math."),
-    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma list of the suite's tasks, e.g. niah_single_1,niah_single_2."),
-    lengths: Optional[str] = typer.Option(None, "--lengths", help="Context lengths in tokens, e.g. 4k,8k (k = 1024)."),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Comma list of the suite's tasks, e.g. niah_single_1,niah_single_2 (default: every task of the suite)."),
+    lengths: Optional[str] = typer.Option(None, "--lengths", help="Context lengths in tokens, e.g. 4k,8k (k = 1024) (default: 4k)."),
     samples: Optional[int] = typer.Option(None, "--samples", help="Instances per (task, length) (default: 1)."),
     budgets: Optional[str] = typer.Option(None, "--budgets", help="Token budgets per (layer, KV head), multiples of 16, e.g. 64,128,256,512."),
     arms: Optional[str] = typer.Option(None, "--arms", help=f"Comma list: fullkv, oracle, locks[:rNiM|rNfp], quest, centroid, moment, shared_basis_sequence, shared_basis_global (default: {_DEFAULT_ARMS})."),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: gemma3-270m)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="JSONL file the records are appended to (stored cells are skipped)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="JSONL file the records are appended to (stored cells are skipped) (default: runs/eval-SUITE.jsonl)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Instance seed (default: each task's YAML seed)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of the user-supplied JSONL files (file-backed tasks) (default: data)."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Cap on each task's generation length (CPU runs)."),
@@ -45,7 +45,11 @@ def run(
         if config_file is not None:
             config = load_config_file(config_file, cli)
         else:
-            defaults = {"arms": _DEFAULT_ARMS, "model": "gemma3-270m"}
+            defaults = {"arms": _DEFAULT_ARMS, "model": "gemma3-270m", "lengths": "4k"}
+            if suite:
+                from ..suites.task_spec import list_tasks
+
+                defaults |= {"tasks": ",".join(list_tasks(suite)), "out": Path("runs") / f"eval-{suite}.jsonl"}
             config = config_from_mapping({**defaults, **{k: v for k, v in cli.items() if v is not None}}, "command line")
     except (EvalConfigError, ValueError) as error:
         raise fail(str(error), "see `locks eval run --help`") from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import typer
 
@@ -31,5 +32,22 @@ def main(verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEB
     )
 
 
-if __name__ == "__main__":  # `python -m locks_toolkit.locks_cli.main` without the console script
+def with_default_eval_command(argv: list[str]) -> list[str]:
+    """`locks eval --suite ruler ...` means `locks eval run --suite ruler ...` (the suites are the default)."""
+    head = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), None)
+    if head is None or argv[head] != "eval" or head + 1 >= len(argv):
+        return argv
+    following = argv[head + 1]
+    if following.startswith("-") and following not in ("--help", "-h"):
+        return [*argv[: head + 1], "run", *argv[head + 1 :]]
+    return argv
+
+
+def cli() -> None:
+    """The console script."""
+    sys.argv[1:] = with_default_eval_command(sys.argv[1:])  # records reproduce the command as run
     app()
+
+
+if __name__ == "__main__":  # `python -m locks_toolkit.locks_cli.main` without the console script
+    cli()

@@ -130,3 +130,26 @@ def test_real_model_end_to_end_tiny():
     assert rows["oracle"]["recall"] == 1.0 and rows["oracle"]["score_err_max"] < 1e-9
     assert rows["locks r8fp"]["bound_violations"] == 0 and rows["locks r8fp"]["bound_checks"] > 0
     assert rows["quest"]["audits"]["envelope"]["violated"] == 0
+
+
+def test_eval_without_a_subcommand_runs_the_suites():
+    from locks_toolkit.locks_cli.main import with_default_eval_command
+
+    assert with_default_eval_command(["eval", "--suite", "ruler"]) == ["eval", "run", "--suite", "ruler"]
+    assert with_default_eval_command(["-v", "eval", "--arms", "fullkv"]) == ["-v", "eval", "run", "--arms", "fullkv"]
+    for unchanged in (["eval", "microscope", "--steps", "2"], ["eval", "--help"], ["bench", "--tp", "2"], ["eval"], []):
+        assert with_default_eval_command(unchanged) == unchanged
+
+
+def test_eval_run_defaults_to_every_task_of_the_suite_at_4k(monkeypatch):
+    from locks_toolkit.locks_cli import eval_run
+    from locks_toolkit.suites.task_spec import list_tasks
+
+    seen = {}
+    monkeypatch.setattr(eval_run, "_run", lambda config, command: seen.setdefault("config", config))
+    result = CliRunner().invoke(app, ["eval", "run", "--suite", "ruler", "--budgets", "64", "--arms", "fullkv,quest"])
+    assert result.exit_code == 0, result.output
+    config = seen["config"]
+    assert list(config.tasks) == list_tasks("ruler") and len(config.tasks) == 13
+    assert config.lengths == (4096,) and str(config.out) == "runs/eval-ruler.jsonl"
+    assert [a.label for a in config.arms] == ["fullkv", "quest"]
