@@ -282,6 +282,9 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
     for name, fn in (("score", score), ("select", select), ("decode", decode), ("locks_step", step),
                      ("triton_dense", triton_dense)):
         timings[name] = _time_graph(fn, cfg.replays, n)
+    # Selection's worst case: zero queries make every page key tie (flat attention, as dummy weights give).
+    ops._launch_score(torch.zeros_like(q), state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, sws)
+    timings["select_flat"] = _time_graph(select, cfg.replays, n)
     for name, fn in _dense_baselines(geom, state, batch, q, scale, out).items():
         try:
             timings[name] = _time_graph(fn, cfg.replays, n)
@@ -293,7 +296,7 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
     splits = ops.decode_splits(batch, geom.num_kv_heads, k_pages, dws, torch.cuda.current_device())
     nbytes = stage_bytes(geom, layout, state.seq_len, batch, k_pages, splits)
     nbytes.update({"triton_dense": nbytes["dense"], "fa3": nbytes["dense"], "flashinfer": nbytes["dense"],
-                   "sdpa": nbytes["dense"]})
+                   "sdpa": nbytes["dense"], "select_flat": nbytes["select"]})
     floor = {name: 1e6 * nbytes[name] / HBM_BYTES_PER_S for name in timings}
     dense_names = [name for name in ("fa3", "flashinfer", "sdpa") if name in timings]
     best_dense = min(timings[name]["mean_us"] for name in dense_names) if dense_names else None
@@ -365,7 +368,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, command: str, sink=None) -> list[di
 
 def markdown_table(records: list[dict]) -> str:
     """Records -> a markdown table of µs per layer (and % of the byte floor)."""
-    head = ("| context | bs | build µs/layer (all layers ms) | score µs (%floor) | select µs | decode µs (%floor) "
+    head = ("| context | bs | build µs/layer (all layers ms) | score µs (%floor) | select µs (flat keys) | decode µs (%floor) "
             "| Locks step µs (floor µs, %floor) | triton dense µs | FA3 µs | FlashInfer µs | SDPA µs | speedup vs best dense |")
     lines = [head, "|" + "---|" * 12]
     for r in records:
@@ -381,7 +384,7 @@ def markdown_table(records: list[dict]) -> str:
         speed = f"{r['speedup_vs_dense']:.2f}x ({r['best_dense']})" if r.get("speedup_vs_dense") else "—"
         lines.append(
             f"| {format_size(c['context_tokens'])} | {c['batch_size']} | {us('build')} ({r['build_all_layers_ms']:.1f}) "
-            f"| {us('score')} ({100 * f['score']:.0f}%) | {us('select')} | {us('decode')} ({100 * f['decode']:.0f}%) "
+            f"| {us('score')} ({100 * f['score']:.0f}%) | {us('select')} ({us('select_flat')}) | {us('decode')} ({100 * f['decode']:.0f}%) "
             f"| {us('locks_step')} ({fl['locks_step']:.1f}, {100 * f['locks_step']:.0f}%) | {us('triton_dense')} "
             f"| {us('fa3')} | {us('flashinfer')} | {us('sdpa')} | {speed} |")
     failed = [c for c in (records[0]["checks"] if records else []) if not c["ok"]]

@@ -34,7 +34,7 @@ def test_bytes_model_matches_the_issue_floor_at_128k():
 
 def _record(status="ok", checks_ok=True):
     timings = {name: {"mean_us": us} for name, us in
-               (("build", 900.0), ("score", 9.0), ("select", 3.0), ("decode", 2.0), ("locks_step", 15.0),
+               (("build", 900.0), ("score", 9.0), ("select", 3.0), ("select_flat", 4.0), ("decode", 2.0), ("locks_step", 15.0),
                 ("triton_dense", 80.0), ("fa3", 70.0))}
     return {
         "cell": {"context_tokens": 131072, "batch_size": 1}, "status": status, "reason": None if status == "ok" else "x",
@@ -47,7 +47,7 @@ def _record(status="ok", checks_ok=True):
 
 def test_table_reports_speedup_only_for_good_cells():
     table = kb.markdown_table([_record()])
-    assert "| 128k | 1 |" in table and "4.67x (fa3)" in table
+    assert "| 128k | 1 |" in table and "4.67x (fa3)" in table and "| 3.0 (4.0) |" in table
     failed = kb.markdown_table([_record(status="error", checks_ok=False)])
     assert "x (" not in failed and "FAILED" in failed
 
