@@ -24,14 +24,14 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def scored_pages(seq_len: int) -> int:
+def scored_pages(seq_len: int, page_size: int = PAGE_SIZE) -> int:
     """Pages whose scores enter each head's softmax normalizer: every page before the recent one.
 
     The recent page (the one holding the newest token) is always kept, so it never competes. Leaving
     it out even when it is full lets a page's summary be built one step after the page completes
     (one launch for every layer, instead of one per layer inside the step that completes it).
     """
-    return max(seq_len - 1, 0) // PAGE_SIZE
+    return max(seq_len - 1, 0) // page_size
 
 
 class ConfigError(ValueError):

@@ -74,8 +74,8 @@ class PageSelector:
     def covers(self, layer: int | None) -> bool:
         return layer in self.chunks
 
-    def _extend(self, layer: int, keys: torch.Tensor) -> int:
-        """Summarize the pages of `keys` [Hkv, N, d] that filled since the last call; returns full pages."""
+    def _extend(self, layer: int, keys: torch.Tensor) -> None:
+        """Summarize the pages of `keys` [Hkv, N, d] that filled since the last call."""
         full = keys.shape[1] // PAGE_SIZE
         chunks = self.chunks[layer]
         built = chunks[-1].first + chunks[-1].count if chunks else 0
@@ -88,7 +88,6 @@ class PageSelector:
                 self.scorers[layer] = continuation_scorer(scorer, state)
             chunks.append(_Chunk(built, full - built, state))
             self.pages_built += full - built
-        return full
 
     def select(self, layer: int, query: torch.Tensor, keys: torch.Tensor, scale: float) -> torch.Tensor | None:
         """query [Hkv, G, d], keys [Hkv, N, d] -> int64 [Hkv, k] selected page ids, or None when every page fits."""

@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
+from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat, scored_pages
 from ..kernels.reference.attention import selected_page_mask
 from ..kernels.reference.score import exact_page_scores
 from ..kernels.reference.select import combine_group, select_pages
 from ..kernels.reference.selectors import make_scorer, scorer_names
 from ..kernels.reference.summary import PageSummaries, reconstruct_keys
-from .arms import DENSE_ARM, FORMAT_SCORERS, ArmError, parse_arm
+from .arms import DENSE_ARM, FORMAT_SCORERS, parse_arm
 from .microscope_audit import AuditCounts, audit_scores, audit_selection, step_outputs
 
 logger = logging.getLogger(__name__)
@@ -58,10 +58,7 @@ def parse_arms(selectors: Sequence[str], formats: Sequence[str]) -> list[Arm]:
                 raise ValueError(f"selector {name!r} needs a summary format; pass --formats r8i4 or {name}:r8i4")
             arms.extend(Arm(name, fmt) for fmt in parsed_formats)
             continue
-        try:
-            arm = parse_arm(text)
-        except ArmError as error:
-            raise ValueError(str(error)) from None
+        arm = parse_arm(text)  # an ArmError (a ValueError) names the valid spellings
         arms.append(Arm(arm.scorer, arm.fmt))
     if len(set(arms)) != len(arms):
         raise ValueError(f"selectors repeat an arm: {', '.join(a.label for a in arms)}")
@@ -159,7 +156,7 @@ def step_pages(record: CapturedRecord, layer_index: int, step: int, page_size: i
         keys=keys,
         values=page_view(record.values[layer_index], seq_len, page_size),
         token_counts=counts,
-        full_pages=max(seq_len - 1, 0) // page_size,  # as config.scored_pages: the recent page never competes
+        full_pages=scored_pages(seq_len, page_size),
     )
 
 

@@ -49,12 +49,15 @@ def _check_rows(summary_rows: torch.Tensor, layout: SummaryLayout, num_kv_heads:
     )
 
 
-def _check_build(k_cache: torch.Tensor, block_ids: torch.Tensor, summary_rows: torch.Tensor, layout: SummaryLayout) -> None:
+def _check_block_ids(block_ids: torch.Tensor) -> None:
+    check(block_ids.dtype == torch.int32 and block_ids.dim() == 1, f"block_ids must be int32 [N]; got {block_ids.dtype} {tuple(block_ids.shape)}")
+
+
+def _check_build(k_cache: torch.Tensor, summary_rows: torch.Tensor, layout: SummaryLayout) -> None:
     check(k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE, f"k_cache must be [NB, {PAGE_SIZE}, Hkv, d]; got {tuple(k_cache.shape)}")
     num_blocks, _, num_kv_heads, head_dim = k_cache.shape
     check(head_dim == layout.head_dim and head_dim % 2 == 0 and head_dim >= 32,
           f"head dim {head_dim} must equal the layout's {layout.head_dim}, be even and >= 32")
-    check(block_ids.dtype == torch.int32 and block_ids.dim() == 1, f"block_ids must be int32 [N]; got {block_ids.dtype} {tuple(block_ids.shape)}")
     _check_rows(summary_rows, layout, num_kv_heads)
     check(summary_rows.shape[0] >= num_blocks, f"summary_rows has {summary_rows.shape[0]} blocks < k_cache's {num_blocks}")
 
@@ -83,7 +86,8 @@ def build_summaries(
     layout: SummaryLayout,
 ) -> None:
     """k_cache [NB, 16, Hkv, d] bf16/fp16/fp32, block_ids int32 [N] (<0 skipped) -> writes summary_rows uint8 [NB, Hkv, row_bytes]."""
-    _check_build(k_cache, block_ids, summary_rows, layout)
+    _check_build(k_cache, summary_rows, layout)
+    _check_block_ids(block_ids)
     if block_ids.numel():
         _launch_build(k_cache, row_views(summary_rows), k_cache, block_ids, layout, None)
 
@@ -111,7 +115,7 @@ def layer_tables(k_caches: Sequence[torch.Tensor], summary_rows: Sequence[torch.
         check(k.shape == first.shape and k.stride() == first.stride() and k.dtype == first.dtype and k.device == first.device,
               f"every layer's key cache must match layer 0's {first.dtype} {tuple(first.shape)} strides {first.stride()} "
               f"on {first.device}; got {k.dtype} {tuple(k.shape)} strides {k.stride()} on {k.device}")
-        _check_build(k, torch.empty(0, dtype=torch.int32), rows, layout)
+        _check_build(k, rows, layout)
         check(rows.device == first.device, f"summary rows on {rows.device}, key caches on {first.device}")
     addrs = [[k.data_ptr() for k in k_caches], [r.data_ptr() for r in summary_rows]]
     table = torch.tensor(addrs, dtype=torch.int64).to(first.device)
@@ -120,7 +124,7 @@ def layer_tables(k_caches: Sequence[torch.Tensor], summary_rows: Sequence[torch.
 
 def build_summaries_layers(tables: LayerTables, block_ids: torch.Tensor, layout: SummaryLayout) -> None:
     """Like build_summaries for the same block_ids int32 [N] on every layer of `tables`, in one launch."""
-    check(block_ids.dtype == torch.int32 and block_ids.dim() == 1, f"block_ids must be int32 [N]; got {block_ids.dtype} {tuple(block_ids.shape)}")
+    _check_block_ids(block_ids)
     if block_ids.numel():
         k_like = tables.k_caches[0]
         _launch_build(tables.k_addrs, (tables.row_addrs, None, None), k_like, block_ids, layout, len(tables.k_caches))

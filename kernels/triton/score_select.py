@@ -34,7 +34,7 @@ from ._common import mm
 P_TILE = 16  # pages per tile: the N of every tl.dot
 MAX_CHUNKS = 128  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
 SCORE_WARPS = 4
-SCORE_MAXNREG = 128  # r8i4, G=8, d=128 at 8 warps: 165 registers uncapped; capped at 128: no spill (aot.py)
+SCORE_MAXNREG = 128  # r8i4, G=8, d=128: no spill at 4 warps (aot.py); 96 spills, uncapped is 1 program/SM
 # Programs do equal work, so the launch fills at most one wave (2.06 waves take 3 waves' time, one
 # wave of twice the pages takes 2): the grid is floor(slots / pairs) chunks per pair, slots =
 # programs resident per SM (64K registers / (maxnreg x threads)) x SMs.
@@ -42,7 +42,7 @@ SCORE_MAXNREG = 128  # r8i4, G=8, d=128 at 8 warps: 165 registers uncapped; capp
 
 @dataclass(frozen=True)
 class ScoreTuning:
-    """Launch shape of the score kernel (the kernel bench's --sweep-score times alternatives; results
+    """Launch shape of the score kernel (harness/score_sweep.py times alternatives; results
     must not depend on it beyond fp32 summation order). maxnreg None: the compiler's choice, and the
     grid assumes one program per SM; stages > 1 software-pipelines the tile loop (tl.range)."""
 

@@ -240,14 +240,13 @@ def _finalize_kernel(
         done = tie_end[None, :] <= slot[:, None]  # [K_PAD, MAXC]
         c = tl.sum(done.to(tl.int32), axis=1)
         c_start = tl.max(tl.where(done, tie_end[None, :], 0), axis=1)
-        recent = num_pages - 1
-        per_chunk = tl.cdiv(recent - 1, num_chunks)
+        chunk_first = _chunk_range(num_pages, c, num_chunks)[0]
         take = slot < need
-        pos = 1 + c * per_chunk + slot - c_start
+        pos = chunk_first + slot - c_start
         page = tl.load(cand_page_ptr + pair.to(tl.int64) * max_pages + pos, mask=take, other=0)
         tl.store(out_row + 1 + n_above + slot, page, mask=take)
         tl.store(out_row, 0)
-        tl.store(out_row + K - 1, recent)
+        tl.store(out_row + K - 1, num_pages - 1)  # the recent page
         tl.debug_barrier()
         row = tl.load(out_row + slot, mask=slot < K, other=2147483647)
         tl.store(out_row + slot, tl.sort(row), mask=slot < K)
