@@ -254,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
             results["speed"] = run_speed(model_dir)
             print("SPEED", json.dumps(results["speed"], default=str), flush=True)
     results["wall_s"] = time.perf_counter() - started
+    # The one script under kernels/ that writes a record: it carries the same provenance as the harness's.
+    from ...harness.provenance import collect, reproduce_command
+
+    results["provenance"] = {**collect(reproduce_command()), "schema_version": "locks.gpu_check/1"}
     for context, row in results.get("speed", {}).items():
         print(f"TPOT ctx={context}: FA3 {row['fa3']['mean_ms']:.2f} ms (sd {100 * row['fa3']['sd_over_mean']:.1f}%)  "
               f"Locks {row['locks']['mean_ms']:.2f} ms (sd {100 * row['locks']['sd_over_mean']:.1f}%)  "
