@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
+import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -147,6 +148,7 @@ class VllmEngine:
             else:
                 prompts = [instance.prompt for instance in group]
             max_len = max(len(i) for i in ids) + stop.max_new_tokens + 16
+            spawn_engine_processes()
             llm = self.vllm.LLM(**self._llm_kwargs(request, max_len))
             try:
                 start = time.perf_counter()
@@ -163,6 +165,16 @@ class VllmEngine:
                 reason = "max_new_tokens" if completion.finish_reason == "length" else ("newline" if newline else "eos")
                 generation = Generation(token_ids, text, reason, seconds)
                 yield instance, request, generation, 0.0
+
+
+def spawn_engine_processes() -> None:
+    """Start vLLM's engine processes by spawn unless the user chose otherwise.
+
+    This process has touched CUDA before the engine starts (device checks, provenance), and a
+    forked engine core then fails with "Cannot re-initialize CUDA in forked subprocess" (H200,
+    2026-11-29); in-process engines instead keep each arm's memory until the next one starts.
+    """
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
 def _free_gpu() -> None:

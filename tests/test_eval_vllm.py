@@ -76,3 +76,33 @@ def test_byte_tokenizer_round_trip():
     text = "The special magic number is 7421935.\nnext"
     assert tokenizer.decode(tokenizer.encode(text)) == text
     assert tokenizer.encode("\n") == [ByteTokenizer.newline_id]
+
+
+def test_engine_processes_are_spawned_unless_the_user_chose(monkeypatch):
+    """A forked engine core cannot use CUDA once this process has (the H200 eval run failed so)."""
+    from types import SimpleNamespace
+
+    from locks_toolkit.suites.engine_hf import StopRule
+
+    seen = []
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            seen.append(engine_vllm.os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))
+
+        def generate(self, prompts, params):
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[], text="", stop_reason=None,
+                                                             finish_reason="length")]) for _ in prompts]
+
+    engine = _engine(preset=False)
+    engine.vllm = SimpleNamespace(LLM=FakeLLM, SamplingParams=lambda **kw: kw)
+    engine.tokenizer = ByteTokenizer()
+    monkeypatch.setattr(engine_vllm, "_free_gpu", lambda: None)
+    instance = SimpleNamespace(instance_id="i0", prompt="abc")
+    request = Request(parse_arm("fullkv"), None)
+    stop = StopRule(max_new_tokens=2, newline=False)
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    assert len(list(engine.run([instance], {"i0": [request]}, stop))) == 1
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    list(engine.run([instance], {"i0": [request]}, stop))
+    assert seen == ["spawn", "fork"]
