@@ -323,8 +323,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, command: str, sink=None) -> list[di
     geom = resolve_geometry(cfg.preset)
     layout = SummaryLayout(SummaryFormat.parse(cfg.summary_format), geom.head_dim)
     seed = cfg.seed if cfg.seed is not None else fresh_seed()
-    provenance = collect(command)
-    provenance["schema_version"] = SCHEMA
+    provenance = collect(command, schema=SCHEMA)
     checks = gpu_smoke_checks("cuda", seed)
     check_summary = [{"name": c.name, "ok": c.ok, "seed": c.seed, "max_error": c.max_error, "problems": c.problems}
                      for c in checks]

@@ -87,11 +87,11 @@ def reproduce_command(argv: list[str] | None = None) -> str:
     return shlex.join(argv)
 
 
-def collect(command: str | None = None) -> dict:
+def collect(command: str | None = None, schema: str = SCHEMA_DECODE) -> dict:
     """Provenance shared by every record of one run (names as in reports/schemas.py; gpu None without NVML)."""
     git = git_state()
     return {
-        "schema_version": SCHEMA_DECODE,
+        "schema_version": schema,
         "git_commit": git["commit"],
         "git_dirty": git["dirty"],
         "versions": package_versions(),

@@ -23,7 +23,10 @@ from ..kernels.reference.packing import SummaryLayout
 from ..kernels.triton import ops
 from ..kernels.triton.score_select import DEFAULT_TUNING, ScoreTuning
 from .kernel_bench import _ContextState, _time_graph, resolve_geometry
+from .provenance import collect, reproduce_command
 from .workload import format_size, parse_size_list
+
+SCHEMA_SCORE_SWEEP = "locks.score_sweep/1"
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator().manual_seed(0)
     batches = parse_size_list(args.batch)
     rows = []
+    provenance = collect(reproduce_command(), schema=SCHEMA_SCORE_SWEEP)
     for context in parse_size_list(args.contexts):
         state = _ContextState(geom, layout, context, max(batches), gen)
         for batch in batches:
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.out:
                 with open(args.out, "a") as f:
                     for r in cell:
-                        f.write(json.dumps(r) + "\n")
+                        f.write(json.dumps({**r, "provenance": provenance}) + "\n")
         del state
         torch.cuda.empty_cache()
     print(markdown(rows))

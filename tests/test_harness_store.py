@@ -107,3 +107,11 @@ def test_git_state_outside_a_checkout_names_the_wheel_stamp_not_the_cwd(tmp_path
     outside = tmp_path / "site"
     outside.mkdir()
     assert provenance.git_state(outside) == {"commit": "b133375", "dirty": False}
+
+
+def test_provenance_names_the_schema_of_the_record_it_travels_with():
+    from locks_toolkit.harness import provenance
+
+    assert provenance.collect("cmd")["schema_version"] == provenance.SCHEMA_DECODE
+    sweep = provenance.collect("cmd", schema="locks.score_sweep/1")
+    assert sweep["schema_version"] == "locks.score_sweep/1" and sweep["command"] == "cmd"
