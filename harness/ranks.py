@@ -64,6 +64,22 @@ def rank_facts(worker) -> dict | None:
         return None
 
 
+def rank_capture_check(worker, detail_layer: int | None) -> dict:
+    """This rank's Locks decode captures checked in its own process (kernels/vllm_backend/capture_check.py).
+
+    Returns the check's dict plus the rank; a check that cannot run returns {"rank", "error", "pass": False}
+    rather than None, so the failure and its cause reach the record.
+    """
+    rank = int(getattr(worker, "rank", 0))
+    try:
+        from ..kernels.vllm_backend.capture_check import check_rank_captures
+
+        return {"rank": rank, **check_rank_captures(detail_layer=detail_layer)}
+    except Exception as exc:  # noqa: BLE001 - the harness reports it; a raise here would kill the engine
+        log.warning("capture check failed on rank %d: %s", rank, exc)
+        return {"rank": rank, "error": f"{type(exc).__name__}: {exc}", "pass": False}
+
+
 def sum_counters(per_rank: Sequence[dict | None]) -> dict | None:
     """Counters summed over ranks (every rank counts its own rows); None when any rank has none.
 

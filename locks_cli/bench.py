@@ -160,6 +160,8 @@ def tp_check(
     graph_mode: str = typer.Option("full_decode_only", help="full_decode_only | eager | compile."),
     dtype: str = typer.Option("bfloat16", help="Checkpoint and engine dtype."),
     seed: int = typer.Option(0, help="Seed of the checkpoint and the prompt."),
+    capture_layers: str = typer.Option("0", "--capture-layers", help="Layers whose Locks decode captures are checked per "
+                                       "rank and compared across TP (must include 0; eager); '' or none: judge by logprobs."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSONL file the record is appended to."),
     as_json: bool = typer.Option(False, "--json", help="Print the whole record as JSON."),
 ) -> None:
@@ -171,7 +173,7 @@ def tp_check(
     dense, _, sparse = arms.partition(",")
     argv = ["--tp", str(tp), "--arms", arms, "--context", str(parse_size(context)), "--steps", str(steps),
             "--budget", str(budget), "--layers", str(layers), "--tolerance", str(tolerance), "--graph-mode", graph_mode,
-            "--dtype", dtype, "--seed", str(seed)] + (["--out", str(out)] if out else []) + (
+            "--dtype", dtype, "--seed", str(seed), "--capture-layers", capture_layers] + (["--out", str(out)] if out else []) + (
             ["--qk-std", str(qk_std)] if qk_std is not None else [])
     if not sparse:
         raise fail(f"--arms {arms!r} must name a dense and a sparse arm", "e.g. --arms fa3,locks")

@@ -102,6 +102,104 @@ def test_judge_passes_within_dense_noise_plus_tolerance_and_needs_the_sparse_pat
     assert "unverified" in tc.judge(ok, dense, 0.1, [{**runs[0], "counters": None}])[1]
 
 
+def _capture_runs(generator, tp_heads, context=1000, steps=5, tokens=(4, 5, 6, 7, 8, 9), other_tokens=None,
+                  group=2, num_kv_heads=4, k=6, d=3):
+    """A TP=1 run and a TP=N run whose rank r holds KV heads tp_heads[r] (the right split: r*H/N ...)."""
+    num_pages = -(-(context + steps) // 16)
+    per_step = []
+    for step in range(steps):
+        seq_len = context + step + 1
+        selected = [sorted({0, num_pages - 1} | set(generator.sample(range(1, num_pages - 1), k - 2)))
+                    for _ in range(num_kv_heads)]
+        q = [[generator.uniform(-2, 2) for _ in range(d)] for _ in range(num_kv_heads * group)]
+        per_step.append((seq_len, selected, q))
+
+    def rank_result(rank, heads):
+        steps_ = [{"index": i, "seq_lens": [n], "selected": [[sel[h] for h in heads]],
+                   "q": [[q[h * group + g] for h in heads for g in range(group)]]} for i, (n, sel, q) in enumerate(per_step)]
+        return {"rank": rank, "pass": True, "max_abs_error": 1e-3, "steps": steps_}
+
+    def run(tp, heads_per_rank, toks):
+        return {"arm": "locks", "tensor_parallel_size": tp, "tokens": list(toks),
+                "ranks": [{"rank": r, "num_kv_heads": len(h)} for r, h in enumerate(heads_per_rank)],
+                "captures": [rank_result(r, h) for r, h in enumerate(heads_per_rank)]}
+
+    return run(1, [list(range(num_kv_heads))], tokens), run(len(tp_heads), tp_heads, other_tokens or tokens)
+
+
+def test_capture_comparison_lines_up_rank_heads_and_fails_when_two_ranks_swap():
+    import random
+
+    from locks_toolkit.harness import tp_captures
+
+    counters = {"sparse_decode_rows": 10, "dense_fallback_rows": 0}
+    ref, other = _capture_runs(random.Random(1), [[0, 1], [2, 3]])
+    cross = tp_captures.compare_captures(ref, other, context=1000)
+    assert cross["compared_steps"] == [0, 1, 2, 3, 4] and cross["selections"] == 20
+    assert cross["mean_page_overlap"] == 1.0 and cross["identical_fraction"] == 1.0 and cross["max_abs_dq"] == 0.0
+    runs = [{**ref, "counters": counters}, {**other, "counters": counters}]
+    captures = {"locks/tp1": ref["captures"], "locks/tp2": other["captures"]}
+    assert tc.judge_captures(runs, captures, cross, 0.95)[0]
+    # collective_rpc order does not matter: ranks are ordered by their rank field
+    shuffled = {**other, "captures": other["captures"][::-1]}
+    assert tp_captures.compare_captures(ref, shuffled, context=1000)["mean_page_overlap"] == 1.0
+    # rank 0 holding heads 2,3 and rank 1 heads 0,1: the selections part, the check fails
+    _, swapped = _capture_runs(random.Random(1), [[2, 3], [0, 1]])
+    bad = tp_captures.compare_captures(ref, swapped, context=1000)
+    assert bad["mean_page_overlap"] < 0.8 and bad["identical_fraction"] == 0.0 and bad["max_abs_dq"] > 0.1
+    passed, why = tc.judge_captures(runs, captures, bad, 0.95)
+    assert not passed and "overlap" in why
+    # one page flipped in one (step, head) selection: 5/6 there, mean just below 1
+    flipped = json.loads(json.dumps(other))
+    pages = flipped["captures"][1]["steps"][2]["selected"][0][0]
+    pages[1] = next(p for p in range(1, 60) if p not in pages)
+    near = tp_captures.compare_captures(ref, flipped, context=1000)
+    assert near["identical_fraction"] == pytest.approx(19 / 20) and near["mean_page_overlap"] == pytest.approx(1 - 1 / 120)
+    assert near["min_page_overlap"] == pytest.approx(5 / 6) and tc.judge_captures(runs, captures, near, 0.95)[0]
+
+
+def test_capture_comparison_reads_only_shared_prefix_steps_and_needs_every_rank_to_pass():
+    import random
+
+    from locks_toolkit.harness import tp_captures
+
+    # tokens part at index 2: decode steps 0 and 1 read tokens 0..1 only; steps 2.. are not comparable
+    ref, other = _capture_runs(random.Random(2), [[0, 1], [2, 3]], other_tokens=(4, 5, 1, 1, 1, 1))
+    for step in other["captures"][0]["steps"][2:]:
+        step["selected"] = [[[0, 1, 2, 3, 4, 5]] * 2]
+    cross = tp_captures.compare_captures(ref, other, context=1000)
+    assert cross["compared_steps"] == [0, 1] and cross["mean_page_overlap"] == 1.0 and cross["shared_prefix_tokens"] == 2
+    counters = {"sparse_decode_rows": 10, "dense_fallback_rows": 0}
+    runs = [{**ref, "counters": counters}, {**other, "counters": counters}]
+    failing = [other["captures"][0], {**other["captures"][1], "pass": False, "faults": ["sink page 0 missing"]}]
+    passed, why = tc.judge_captures(runs, {"locks/tp1": ref["captures"], "locks/tp2": failing}, cross, 0.95)
+    assert not passed and "locks/tp2 rank 1" in why and "sink" in why
+    # no shared step at all (the prefill token differs): nothing decides, so it fails
+    _, apart = _capture_runs(random.Random(2), [[0, 1], [2, 3]], other_tokens=(9, 9, 9, 9, 9, 9))
+    none = tp_captures.compare_captures(ref, apart, context=1000)
+    assert none["compared_steps"] == [] and not tc.judge_captures(runs, {"x": ref["captures"]}, none, 0.95)[0]
+    # rank facts that disagree with the captured heads void the comparison
+    wrong_facts = {**other, "ranks": [{"rank": 0, "num_kv_heads": 1}, {"rank": 1, "num_kv_heads": 1}]}
+    assert "KV heads" in tp_captures.compare_captures(ref, wrong_facts, context=1000)["error"]
+    # the stored record drops the queries
+    assert all("q" not in s and "selected" in s for r in tp_captures.without_queries(other["captures"]) for s in r["steps"])
+
+
+def test_capture_config_and_cli_parsing():
+    assert tc.parse_capture_layers("0,2") == (0, 2) and tc.parse_capture_layers("none") == () == tc.parse_capture_layers("")
+    with pytest.raises(ConfigError, match="comma-separated"):
+        tc.parse_capture_layers("0;1")
+    with pytest.raises(ConfigError, match="must include 0"):
+        tc.TPCheckConfig(capture_layers=(1,))
+    with pytest.raises(ConfigError, match="lie in 0..3"):
+        tc.TPCheckConfig(capture_layers=(0, 4))
+    with pytest.raises(ConfigError, match="records no captures"):
+        tc.TPCheckConfig(sparse_arm="locks-kv")
+    assert tc.TPCheckConfig(sparse_arm="locks-kv", capture_layers=()).capture_layers == ()
+    config = tc.TPCheckConfig(capture_layers=(0, 2))
+    assert tc._config_from_dict(json.loads(json.dumps(tc._config_dict(config)))) == config
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -118,6 +216,17 @@ def test_whole_check_on_the_cpu_engines_tp1_vs_tp2(tmp_path):
     # float32 on one CPU: TP only reorders sums, so both arms match their TP=1 runs closely
     assert record["comparisons"]["locks-cpu"]["max_abs_dlogprob"] < 1e-3
     assert json.loads(out.read_text().splitlines()[-1])["passed"] is True
+    # captures (default: layer 0, eager sparse engines): every rank of both runs checked and passing
+    assert record["decided_by"] == "captures" and record["runs"]["locks-cpu/tp2"]["graph_mode"] == "eager"
+    assert record["runs"]["cpu/tp2"]["graph_mode"] == "eager"  # the dense arm keeps the config's mode
+    for key, ranks in (("locks-cpu/tp1", [0]), ("locks-cpu/tp2", [0, 1])):
+        results = record["captures"][key]
+        assert [r["rank"] for r in results] == ranks and all(r["pass"] for r in results), results
+        assert all(r["captures"] == 5 and r["max_abs_error"] < 1e-5 for r in results)  # 5 decode steps of layer 0
+        assert all(len(s["selected"][0]) == 2 // len(ranks) and "q" not in s for r in results for s in r["steps"])
+    cross = record["capture_comparison"]
+    assert cross["compared_steps"] == [0, 1, 2, 3, 4] and cross["selections"] == 10
+    assert cross["mean_page_overlap"] == 1.0 and cross["identical_fraction"] == 1.0 and cross["max_abs_dq"] < 1e-4
 
 
 def test_qk_std_scales_only_the_query_and_key_projections():

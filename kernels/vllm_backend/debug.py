@@ -20,15 +20,21 @@ def layer_index(layer_name: str) -> int:
     return int(match.group(1)) if match else -1
 
 
+def _host_copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    # copy=True: on the CPU backend `.cpu()` / `.to("cpu", float32)` return the live buffer itself
+    # (persistent selection scratch, reused query/output), which the next step overwrites.
+    return t.detach().to("cpu", dtype or t.dtype, copy=True)
+
+
 def record(layer_name: str, q, block_table, seq_lens, selected_pages, out, k_cache, v_cache, scale: float) -> None:
     captures.append(
         {
             "layer": layer_name,
-            "q": q.detach().to("cpu", torch.float32),
-            "block_table": block_table.detach().cpu(),
-            "seq_lens": seq_lens.detach().cpu(),
-            "selected_pages": selected_pages.detach().cpu(),
-            "out": out.detach().to("cpu", torch.float32),
+            "q": _host_copy(q, torch.float32),
+            "block_table": _host_copy(block_table),
+            "seq_lens": _host_copy(seq_lens),
+            "selected_pages": _host_copy(selected_pages),
+            "out": _host_copy(out, torch.float32),
             "k_cache": k_cache,
             "v_cache": v_cache,
             "scale": scale,
