@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 
 VARIANTS = (
     DEFAULT_TUNING,  # 4 warps, 128 registers: the fastest of the 2026-11-29 sweep (docs/results/score-sweep-h200.md)
+    # int4 basis read as 32-bit words, two codes per operation: 1679 vs 1802 SASS per tile (aot.py), untimed
+    ScoreTuning(word_nibbles=True),
     ScoreTuning(warps=8),  # the previous default
     # No 2-warp or < 128-register variants: sm_90 compiles of them spill (aot.py; 848 B at 2 x 128).
     ScoreTuning(warps=4, maxnreg=None),
@@ -101,13 +103,19 @@ def selection_problems(selected: torch.Tensor, keys: torch.Tensor, seq_len: int,
     return f"{int(bad.sum())}/{pairs} pairs differ from top-k of the kernel's keys (first: pair {first})"
 
 
+def _nibble_path(tuning: dict) -> str:
+    if tuning.get("word_nibbles"):
+        return "words"
+    return "mantissa" if tuning["mantissa_nibbles"] else "i2f"
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| context | bs | warps | maxnreg | tile | stages | nibbles | chunks | score µs | select µs | same selection |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tuning"]
         head = (f"| {format_size(r['context_tokens'])} | {r['batch_size']} | {t['warps']} | {t['maxnreg']} | {t['tile']} "
-                f"| {t['stages']} | {'mantissa' if t['mantissa_nibbles'] else 'i2f'} ")
+                f"| {t['stages']} | {_nibble_path(t)} ")
         if r["status"] != "ok":
             lines.append(head + f"| — | {r['status']}: {r['reason'][:60]} | — | — |")
         else:

@@ -7,9 +7,10 @@ import torch
 import triton
 import triton.language as tl
 
-from locks_toolkit.kernels.triton.score_select import _nibble_value
+from locks_toolkit.kernels.triton.score_select import ScoreTuning, _nibble_value, _word_codes, word_decode_fits
 from locks_toolkit.kernels.reference.testing import fresh_seed
-from locks_toolkit.kernels.triton.checks import MANY_PAGES_CASE, SELECT_CASES, available_devices, check_score_select
+from locks_toolkit.kernels.triton.checks import (MANY_PAGES_CASE, SELECT_CASES, SelectCase, available_devices,
+                                                 check_score_select)
 
 DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(reason="needs TRITON_INTERPRET=1 or a GPU"))]
 # Under the interpreter a NaN made anywhere in the kernels (e.g. -inf - -inf for a padded head slot) warns;
@@ -54,3 +55,57 @@ def test_nibble_value_is_exact(device):
         assert torch.equal(out.cpu(), want), f"{dtype}: {out.tolist()}"
     codes = torch.arange(16, dtype=torch.int16)
     assert torch.equal(((codes | 0x4300).view(torch.bfloat16) - 136).float(), want)
+
+
+@triton.jit
+def _decode_words(words_ptr, out_ptr, N: tl.constexpr, DT: tl.constexpr):
+    """out[n, 8] = the 8 codes of word n minus 8, in dim order, through _word_codes."""
+    n = tl.arange(0, N)
+    words = tl.load(words_ptr + n)
+    for shift in tl.static_range(4):
+        lo, hi = _word_codes(words, 4 * shift, DT)
+        tl.store(out_ptr + n * 8 + shift, lo.to(tl.float32))
+        tl.store(out_ptr + n * 8 + 4 + shift, hi.to(tl.float32))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_word_codes_decode_every_nibble_in_dim_order(device):
+    """Two codes per operation from int32 words: fresh random words plus all-0x0 and all-0xF ones, each
+    dot dtype the device runs (the interpreter has no bf16 constants: the GPU run covers bf16)."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    raw = torch.randint(0, 256, (64, 4), generator=gen, dtype=torch.uint8)
+    raw[0], raw[1] = 0, 255
+    words = raw.view(torch.int32).reshape(64)
+    low, high = (raw & 15).to(torch.float32) - 8, (raw >> 4).to(torch.float32) - 8
+    want = torch.stack([low, high], dim=2).reshape(64, 8)  # byte b: dims 2b (low), 2b+1 (high)
+    for dtype in (tl.float16, tl.float32) if device == "cpu" else (tl.bfloat16, tl.float16, tl.float32):
+        out = torch.full((64 * 8,), float("nan"), device=device)
+        _decode_words[(1,)](words.to(device), out, N=64, DT=dtype)
+        assert torch.equal(out.cpu().reshape(64, 8), want), f"{dtype}"
+
+
+WORD_CASES = [
+    SelectCase((16 * 70 + 1, 16 * 12), group=8, head_dim=128, page_budget=9, num_kv_heads=3),
+    SelectCase((16 * 41 + 11,), group=1, head_dim=128, page_budget=5),
+    SelectCase((16 * 33 + 7, 16 * 8 + 3), group=7, head_dim=128, page_budget=7, combine="group_max"),
+    SelectCase((16 * 19 + 2, 16 * 6 + 3), group=4, head_dim=256, fmt="r2i4", combine="group_mass", num_kv_heads=1),
+    SelectCase((16 * 29 + 3,), group=4, head_dim=128, page_budget=7, identical_pages=True),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", WORD_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-{c.combine}")
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_word_decode_path_matches_reference(device, case, q_dtype):
+    """The scorer's 32-bit-word int4 path (a ScoreTuning variant) selects what the reference selects
+    (bf16 queries take the two-codes-per-operation decode on the GPU; the interpreter runs fp32 dots)."""
+    assert word_decode_fits(4, case.head_dim, 0, 0)
+    result = check_score_select(device, case, fresh_seed(), q_dtype=q_dtype, tuning=ScoreTuning(word_nibbles=True))
+    assert result.ok, str(result)
+
+
+def test_word_decode_fits_only_whole_words_and_dot_sized_k():
+    assert word_decode_fits(4, 128, 832, 160) and word_decode_fits(4, 256, 1600, 288)
+    assert not word_decode_fits(8, 128, 832, 160)  # int8 basis: no nibbles
+    assert not word_decode_fits(4, 64, 832, 160)  # K = 8 < 16
+    assert not word_decode_fits(4, 128, 834, 160) and not word_decode_fits(4, 128, 832, 162)  # not whole words

@@ -3,7 +3,10 @@ lowering errors and register spills on a CPU machine, where the tests run the in
 
 `python -m locks_toolkit.kernels.triton.aot` prints registers / spill bytes per kernel (it must
 run WITHOUT TRITON_INTERPRET=1). The constexprs mirror the production launches in `ops.py`
-(GLM-4-9B geometry: G=8, d=128, r8i4, k=128; bf16).
+(GLM-4-9B geometry: G=8, d=128, r8i4, k=128; bf16), and so does the specialisation: at launch the
+JIT marks every 16-byte-aligned pointer and every integer argument divisible by 16 (and any equal
+to 1) as such, which changes vectorisation and register use, so `PRODUCTION_HINTS` lists the integer
+arguments that are multiples of 16 (or 1) in vLLM's layouts.
 """
 
 from __future__ import annotations
@@ -26,6 +29,21 @@ from ._common import FP32_EPS, RowConstants, next_pow2
 
 SM90 = GPUTarget("cuda", 90, 32)
 
+# Integer arguments that production launches pass as multiples of 16 (strides of vLLM's
+# [blocks, 16, Hkv, d] caches and of contiguous q/out, block-table width, row bytes, k, chunk
+# counts) or as 1 (the unit stride of the key dim). Pointers are always 16-byte aligned.
+PRODUCTION_HINTS: dict[str, dict[str, int]] = {
+    "_build_kernel": {"s_blk": 16, "s_tok": 16, "s_head": 16, "s_dim": 1, "row_bytes": 16},
+    "_score_kernel": {"s_qs": 16, "s_qh": 16, "s_bt": 16, "row_bytes": 16, "max_pages": 16, "num_chunks": 16},
+    "_keys_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
+    "_gather_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
+    "_resolve_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
+    "_finalize_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
+    "_sparse_decode_kernel": {"s_qs": 16, "s_qh": 16, "s_kb": 16, "s_kt": 16, "s_kh": 16, "s_vb": 16, "s_vt": 16,
+                              "s_vh": 16, "s_bt": 16, "K": 16},
+    "_merge_kernel": {"s_os": 16, "s_oh": 16},
+}
+
 
 def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: int = 128,
            build_tile: int = _build.PAGES_PER_PROGRAM) -> list[tuple]:
@@ -44,7 +62,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
                              "scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "scale": "fp32"},
          dict(G=group, G_DOT=g_dot, GS=gs, MAXC=_ss.MAX_CHUNKS, D=head_dim, D_PAD=head_dim, B=PAGE_SIZE, R=rc.rank,
               BITS=rc.basis_bits, COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
-              P=_ss.P_TILE, RP=next_pow2(rc.rank), FP32=rc.basis_bits == 16, STAGES=1, MANTISSA=True),
+              P=_ss.P_TILE, RP=next_pow2(rc.rank), FP32=rc.basis_bits == 16, STAGES=1, MANTISSA=True, WORDS=False),
          (_ss.SCORE_WARPS, _ss.SCORE_MAXNREG)),
         (_topk._keys_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "keys_ptr": "*i32",
                               "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},
@@ -68,25 +86,60 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
     ]
 
 
+def _variants(**geometry) -> list[tuple[str, tuple]]:
+    """(name, spec): every production kernel, plus the score kernel's word-decode variant."""
+    specs = _specs(**geometry)
+    named = [(spec[0].__name__, spec) for spec in specs]
+    fn, pointers, constexprs, warps = next(spec for spec in specs if spec[0] is _ss._score_kernel)
+    return named + [("_score_kernel[words]", (fn, pointers, {**constexprs, "WORDS": True}, warps))]
+
+
+def compile_kernel(fn, pointer_types: dict, constexprs: dict, warps, target: GPUTarget = SM90):
+    """One kernel compiled as the JIT would specialise it in production (`PRODUCTION_HINTS`)."""
+    signature = {name: "constexpr" if name in constexprs else pointer_types.get(name, "i32") for name in fn.arg_names}
+    hints = PRODUCTION_HINTS.get(fn.__name__, {})
+    constexprs = {**constexprs, **{name: 1 for name, hint in hints.items() if hint == 1}}
+    signature.update({name: "constexpr" for name, hint in hints.items() if hint == 1})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if signature[name].startswith("*") or hints.get(name) == 16}
+    warps, maxnreg = warps if isinstance(warps, tuple) else (warps, None)
+    options = {"num_warps": warps} if maxnreg is None else {"num_warps": warps, "maxnreg": maxnreg}
+    return triton.compile(triton.compiler.ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
+
+
+def _cuobjdump(kernel, flag: str) -> str:
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(kernel.asm["cubin"])
+        cubin.flush()
+        return subprocess.run([tool, flag, cubin.name], capture_output=True, text=True, check=True).stdout
+
+
+def loop_profile(sass: str) -> tuple[int, int]:
+    """(instructions, local-memory spill accesses) in the body of the kernel's largest loop, per thread
+    per iteration: the issue budget of an instruction-bound loop such as the scorer's tile loop."""
+    lines = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    loops = [(int(t[1], 16), addr) for addr, text in lines
+             if (t := re.search(r"\bBRA\b[^`]*?0x([0-9a-f]+)", text)) and int(t[1], 16) < addr]
+    if not loops:
+        return 0, 0
+    first, last = max(loops, key=lambda span: span[1] - span[0])
+    body = [text for addr, text in lines if first <= addr <= last]
+    return len(body), sum(bool(re.search(r"\b(STL|LDL)", text)) for text in body)
+
+
 def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int]]:
-    """Compile each kernel for `target`; returns {kernel: {"registers", "stack_bytes", "shared_bytes"}}."""
+    """Compile each kernel for `target`; returns {kernel: {"registers", "stack_bytes", "shared_bytes",
+    "loop_instructions", "loop_spill_accesses"}}."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET to compile for the GPU (the interpreter replaces @triton.jit)")
-    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     usage = {}
-    for fn, pointer_types, constexprs, warps in _specs(**geometry):
-        signature = {name: "constexpr" if name in constexprs else pointer_types.get(name, "i32") for name in fn.arg_names}
-        warps, maxnreg = warps if isinstance(warps, tuple) else (warps, None)
-        options = {"num_warps": warps} if maxnreg is None else {"num_warps": warps, "maxnreg": maxnreg}
-        kernel = triton.compile(triton.compiler.ASTSource(fn, signature, constexprs), target=target, options=options)
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-            cubin.write(kernel.asm["cubin"])
-            cubin.flush()
-            text = subprocess.run([cuobjdump, "--dump-resource-usage", cubin.name], capture_output=True, text=True,
-                                  check=True).stdout
-        found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", text)
-        usage[fn.__name__] = {"registers": int(found[1]), "stack_bytes": int(found[2]),
-                              "shared_bytes": kernel.metadata.shared}
+    for name, (fn, pointer_types, constexprs, warps) in _variants(**geometry):
+        kernel = compile_kernel(fn, pointer_types, constexprs, warps, target)
+        found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", _cuobjdump(kernel, "--dump-resource-usage"))
+        instructions, spills = loop_profile(_cuobjdump(kernel, "-sass"))
+        usage[name] = {"registers": int(found[1]), "stack_bytes": int(found[2]), "shared_bytes": kernel.metadata.shared,
+                       "loop_instructions": instructions, "loop_spill_accesses": spills}
     return usage
 
 

@@ -21,6 +21,7 @@ from ..reference.select import combine_group, select_pages
 from ..reference.summary import build_page_summaries, reconstruct_keys
 from ..reference.testing import gaussian_keys, generator, low_rank_keys
 from . import ops
+from .score_select import DEFAULT_TUNING, ScoreTuning
 
 logger = logging.getLogger(__name__)
 
@@ -137,9 +138,10 @@ class SelectCase:
     page_noise: float | None = None  # pages = page 0 + noise x fresh keys: near-flat shares, keys in a few bins
 
 
-def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.dtype = torch.float32) -> CheckResult:
+def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.dtype = torch.float32,
+                       tuning: ScoreTuning = DEFAULT_TUNING) -> CheckResult:
     """score_select on reference-packed rows in scrambled blocks vs summary scores + combine + select."""
-    res = CheckResult(f"score_select {case}", seed)
+    res = CheckResult(f"score_select {case}" + ("" if tuning == DEFAULT_TUNING else f" {tuning}"), seed)
     gen = generator(seed)
     layout = SummaryLayout(SummaryFormat.parse(case.fmt), case.head_dim)
     num_pages = [cdiv(n, PAGE_SIZE) for n in case.seq_lens]
@@ -166,10 +168,10 @@ def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.
     for buf in (ws.keys, ws.cand_low, ws.cand_page):
         buf.fill_(-123)
     args = (q.to(device), rows.to(device), table.to(device), seq_lens.to(device), selected, layout, k, scale, case.combine)
-    ops.score_select(*args, workspace=ws)
+    ops.score_select(*args, workspace=ws, tuning=tuning)
     mine = selected.cpu().long()
     selected.fill_(-7)
-    ops.score_select(*args, workspace=ws)  # the workspace is reused as-is (its histogram left zeroed)
+    ops.score_select(*args, workspace=ws, tuning=tuning)  # the workspace is reused as-is (its histogram left zeroed)
     res.expect(torch.equal(selected.cpu().long(), mine), "a second call on the same workspace selected differently")
 
     scores = summary_page_scores(q.double().reshape(S, Hkv, G, d), unpack_summaries(packed, layout), scale)

@@ -162,6 +162,7 @@ def score_select(
     num_kv_heads: int | None = None,
     *,
     workspace: ScoreSelectWorkspace,
+    tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING,
 ) -> None:
     """q [S, Hq, d], rows uint8 [NB, Hkv, row_bytes], block_table int32 [S, maxP], seq_lens int32 [S] -> writes selected_pages int32 [S, Hkv, k] (logical ids ascending, -1 padded)."""
     num_seqs, num_q_heads, head_dim = q.shape
@@ -185,7 +186,7 @@ def score_select(
           f"workspace (pairs {ws.max_pairs}, pages {ws.max_pages}, group slots {ws.group_slots}) does not fit "
           f"S*Hkv={num_seqs * num_kv_heads}, max_pages={block_table.shape[1]}, G={group} (slots: a power of two >= G); "
           "rebuild it with score_select_workspace(max_num_seqs, Hkv, max_pages, device, group_size=G)")
-    chunks = _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws)
+    chunks = _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning)
     _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget)
 
 
@@ -205,7 +206,9 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
         D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE, R=rc.rank, BITS=rc.basis_bits,
         COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
         P=tuning.tile, RP=next_pow2(rc.rank), FP32=dot_in_fp32(q) or rc.basis_bits == 16, STAGES=tuning.stages,
-        MANTISSA=tuning.mantissa_nibbles, num_warps=tuning.warps, maxnreg=tuning.maxnreg,
+        MANTISSA=tuning.mantissa_nibbles,
+        WORDS=tuning.word_nibbles and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset),
+        num_warps=tuning.warps, maxnreg=tuning.maxnreg,
     )
     return chunks
 

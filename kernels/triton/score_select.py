@@ -51,6 +51,9 @@ class ScoreTuning:
     tile: int = P_TILE
     stages: int = 1
     mantissa_nibbles: bool = True  # False: int-to-float conversion of the int4 codes (the older path)
+    # True: the int4 basis is read as 32-bit words and decoded two codes per operation (`_word_codes`);
+    # used only where the layout allows it (`word_decode_fits`), else the byte path runs.
+    word_nibbles: bool = False
     # Chunks per (sequence, KV head) at most. 64 is what was measured (bs1 then fills 256 of the 528
     # program slots); up to MAX_CHUNKS fills them all at bs1: the sweep's variant, not yet timed.
     max_chunks: int = 64
@@ -65,6 +68,14 @@ class ScoreTuning:
 
 
 DEFAULT_TUNING = ScoreTuning()
+
+
+def word_decode_fits(basis_bits: int, head_dim: int, row_bytes: int, basis_offset: int) -> bool:
+    """The word path needs int4 codes, whole 32-bit words per basis column and row, and K = d/8 a
+    power of two >= 16 for tl.dot (d = 128, 256)."""
+    k = head_dim // 8
+    return (basis_bits == 4 and head_dim % 8 == 0 and k >= 16 and k & (k - 1) == 0
+            and row_bytes % 4 == 0 and basis_offset % 4 == 0)
 
 
 @dataclass(frozen=True)
@@ -116,6 +127,46 @@ def _nibble_value(n, DOT_T: tl.constexpr):
 
 
 @triton.jit
+def _word_codes(words, SHIFT: tl.constexpr, DOT_T: tl.constexpr):
+    """int32 words of packed int4 codes -> (lo, hi) = codes of nibble SHIFT/4 of bytes 0 and 2, minus 8.
+
+    Byte b of a word holds dims 2b (low nibble) and 2b+1 (high); SHIFT 0, 4, 8, 12 gives the dims
+    (0, 4), (1, 5), (2, 6), (3, 7) of the word's 8. For 16-bit DOT_T one AND+OR (a single LOP3) places
+    both codes in the mantissas of two halves whose ulp is 1, so two codes cost about 3 operations
+    instead of ~9 on the byte path (the H200 scorer is bound by instruction issue).
+    """
+    if DOT_T == tl.bfloat16:
+        t = ((words >> SHIFT) & 0x000F000F) | 0x43004300
+        lo = (t & 0xFFFF).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+        hi = (t >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True) - 136.0
+    elif DOT_T == tl.float16:
+        t = ((words >> SHIFT) & 0x000F000F) | 0x64006400
+        lo = (t & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+        hi = (t >> 16).to(tl.int16).to(tl.float16, bitcast=True) - 1032.0
+    else:
+        lo = _nibble_value((words >> SHIFT) & 15, DOT_T)
+        hi = _nibble_value((words >> (SHIFT + 16)) & 15, DOT_T)
+    return lo, hi
+
+
+@triton.jit
+def _mma(a, b, acc, FP32: tl.constexpr):
+    """acc + a @ b (fp32 accumulator), with `mm`'s precision rule."""
+    if FP32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _q_part(q_cols, OFF: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.constexpr):
+    """q^T rows 8j + OFF (j < D/8) [D/8, G_DOT]: the dims `_word_codes` yields for one SHIFT and half
+    (the word path runs only where D = D_PAD, `word_decode_fits`)."""
+    j = tl.arange(0, D_PAD // 8)
+    return tl.load(q_cols + 8 * j[:, None] + OFF, mask=gm[None, :], other=0.0).to(DOT_T)
+
+
+@triton.jit
 def _score_kernel(
     q_ptr, rows_u8, rows_i8, rows_f16, block_table_ptr, seq_lens_ptr,
     scores_ptr, chunk_max_ptr, chunk_sum_ptr,
@@ -124,6 +175,7 @@ def _score_kernel(
     D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr, R: tl.constexpr, BITS: tl.constexpr,
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, STAGES: tl.constexpr = 1, MANTISSA: tl.constexpr = True,
+    WORDS: tl.constexpr = False,
 ):
     pair = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -149,6 +201,19 @@ def _score_kernel(
     q_full = tl.load(q_cols + d[:, None], mask=dm[:, None] & gm[None, :], other=0.0).to(DOT_T)
     q_even = tl.load(q_cols + 2 * jh[:, None], mask=jhm[:, None] & gm[None, :], other=0.0).to(DOT_T)
     q_odd = tl.load(q_cols + 2 * jh[:, None] + 1, mask=jhm[:, None] & gm[None, :], other=0.0).to(DOT_T)
+    # The word path's operands (unused, and compiled away, on the byte path): the dims each (SHIFT,
+    # half) of `_word_codes` yields, in its order. Defined unconditionally: the compiler does not carry
+    # names bound inside a constexpr branch into the tile loop.
+    q_w0 = _q_part(q_cols, 0, D_PAD, gm, DOT_T)
+    q_w4 = _q_part(q_cols, 4, D_PAD, gm, DOT_T)
+    q_w1 = _q_part(q_cols, 1, D_PAD, gm, DOT_T)
+    q_w5 = _q_part(q_cols, 5, D_PAD, gm, DOT_T)
+    q_w2 = _q_part(q_cols, 2, D_PAD, gm, DOT_T)
+    q_w6 = _q_part(q_cols, 6, D_PAD, gm, DOT_T)
+    q_w3 = _q_part(q_cols, 3, D_PAD, gm, DOT_T)
+    q_w7 = _q_part(q_cols, 7, D_PAD, gm, DOT_T)
+    jw = tl.arange(0, D_PAD // 8)
+    rows_i32 = rows_u8.to(tl.pointer_type(tl.int32))
     tok = tl.arange(0, B)
 
     run_max = tl.full([G_DOT], float("-inf"), tl.float32)
@@ -198,22 +263,36 @@ def _score_kernel(
             coef = tl.load(rows_i8 + row3 + COEF_OFF + coef_idx, mask=coef_mask, other=0).to(tl.float32)  # [P, B, RP]
             # The basis (largest field) before the centroid: the compiler places each operand shuffle
             # right after its load, and loads after a shuffle wait for the shuffled data.
-            if BITS == 4:
-                packed = tl.load(rows_u8 + row_n[:, None] + BASIS_OFF + n_col[:, None] * (D // 2) + jh[None, :],
-                                 mask=nm[:, None] & jhm[None, :], other=0x88).to(tl.int32)
+            if BITS == 4:  # bytes of 2 codes, or on the word path 32-bit words of 8
+                if WORDS:  # other: code 8 in every nibble (value 0)
+                    words = tl.load(rows_i32 + (row_n[:, None] + BASIS_OFF) // 4 + n_col[:, None] * (D // 8) + jw[None, :],
+                                     mask=nm[:, None], other=-2004318072)
+                else:
+                    packed = tl.load(rows_u8 + row_n[:, None] + BASIS_OFF + n_col[:, None] * (D // 2) + jh[None, :],
+                                     mask=nm[:, None] & jhm[None, :], other=0x88).to(tl.int32)
             else:
                 v = tl.load(rows_i8 + row_n[:, None] + BASIS_OFF + n_col[:, None] * D + d[None, :],
                             mask=nm[:, None] & dm[None, :], other=0)
             mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
             q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
             if BITS == 4:
-                if MANTISSA:
+                if WORDS:  # the eight K = d/8 products accumulate in the dot (no separate adds)
+                    lo, hi = _word_codes(words, 0, DOT_T)
+                    vq = _mma(hi, q_w4, _mma(lo, q_w0, tl.zeros([P * RP, G_DOT], tl.float32), FP32), FP32)
+                    lo, hi = _word_codes(words, 4, DOT_T)
+                    vq = _mma(hi, q_w5, _mma(lo, q_w1, vq, FP32), FP32)
+                    lo, hi = _word_codes(words, 8, DOT_T)
+                    vq = _mma(hi, q_w6, _mma(lo, q_w2, vq, FP32), FP32)
+                    lo, hi = _word_codes(words, 12, DOT_T)
+                    vq = _mma(hi, q_w7, _mma(lo, q_w3, vq, FP32), FP32)
+                elif MANTISSA:
                     low = _nibble_value(packed & 15, DOT_T)  # dims 0, 2, 4, ...
                     high = _nibble_value(packed >> 4, DOT_T)  # dims 1, 3, 5, ...
+                    vq = mm(low, q_even, FP32) + mm(high, q_odd, FP32)
                 else:
                     low = ((packed & 15) - 8).to(tl.float32).to(DOT_T)
                     high = ((packed >> 4) - 8).to(tl.float32).to(DOT_T)
-                vq = mm(low, q_even, FP32) + mm(high, q_odd, FP32)
+                    vq = mm(low, q_even, FP32) + mm(high, q_odd, FP32)
             else:
                 vq = mm(v.to(tl.float32).to(DOT_T), q_full, FP32)
             vq = vq * col_scale[:, None]
