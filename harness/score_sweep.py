@@ -34,6 +34,7 @@ VARIANTS = (
     DEFAULT_TUNING,  # 4 warps, 128 registers: the fastest of the 2026-11-29 sweep (docs/results/score-sweep-h200.md)
     # int4 basis read as 32-bit words, two codes per operation: 1679 vs 1802 SASS per tile (aot.py), untimed
     ScoreTuning(word_nibbles=True),
+    ScoreTuning(row_select=True),  # selection in 2 launches instead of 4 (topk.py row path), untimed
     ScoreTuning(warps=8),  # the previous default
     # No 2-warp or < 128-register variants: sm_90 compiles of them spill (aot.py; 848 B at 2 x 128).
     ScoreTuning(warps=4, maxnreg=None),
@@ -62,7 +63,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
         try:
             chunks = ops._launch_score(q, state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
             selected = torch.empty((batch, geom.num_kv_heads, k_pages), dtype=torch.int32, device="cuda")
-            ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages)
+            ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning.row_select)
             if reference is None:
                 reference = selected.clone()
             row["same_selection"] = bool(torch.equal(selected, reference))
@@ -72,9 +73,9 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                 for rows in state.rows:
                     ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
 
-            def select(chunks=chunks, selected=selected):
+            def select(chunks=chunks, selected=selected, row_select=tuning.row_select):
                 for _ in state.rows:
-                    ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages)
+                    ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, row_select)
 
             timing = _time_graph(score, replays, state.copies)
             row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok", flat=flat,
@@ -110,12 +111,12 @@ def _nibble_path(tuning: dict) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| context | bs | warps | maxnreg | tile | stages | nibbles | chunks | score µs | select µs | same selection |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| context | bs | warps | maxnreg | tile | stages | nibbles | select path | chunks | score µs | select µs | same selection |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tuning"]
         head = (f"| {format_size(r['context_tokens'])} | {r['batch_size']} | {t['warps']} | {t['maxnreg']} | {t['tile']} "
-                f"| {t['stages']} | {_nibble_path(t)} ")
+                f"| {t['stages']} | {_nibble_path(t)} | {'row (2 launches)' if t.get('row_select') else '4 launches'} ")
         if r["status"] != "ok":
             lines.append(head + f"| — | {r['status']}: {r['reason'][:60]} | — | — |")
         else:

@@ -36,7 +36,12 @@ from pathlib import Path
 
 from ..kernels.config import ConfigError
 from .arms import SparseKnobs, get_arm
-from .tp_captures import COMPARED_LAYER, capture_fault, compare_captures, without_queries
+from .tp_captures import (
+    COMPARED_LAYER,
+    capture_fault,
+    compare_captures,
+    without_queries,
+)
 from .tp_checkpoint import CheckpointSpec, write_checkpoint
 from .worker import TP_ENVIRONMENT
 

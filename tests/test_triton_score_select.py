@@ -6,11 +6,20 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-
-from locks_toolkit.kernels.triton.score_select import ScoreTuning, _nibble_value, _word_codes, word_decode_fits
 from locks_toolkit.kernels.reference.testing import fresh_seed
-from locks_toolkit.kernels.triton.checks import (MANY_PAGES_CASE, SELECT_CASES, SelectCase, available_devices,
-                                                 check_score_select)
+from locks_toolkit.kernels.triton.checks import (
+    MANY_PAGES_CASE,
+    SELECT_CASES,
+    SelectCase,
+    available_devices,
+    check_score_select,
+)
+from locks_toolkit.kernels.triton.score_select import (
+    ScoreTuning,
+    _nibble_value,
+    _word_codes,
+    word_decode_fits,
+)
 
 DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(reason="needs TRITON_INTERPRET=1 or a GPU"))]
 # Under the interpreter a NaN made anywhere in the kernels (e.g. -inf - -inf for a padded head slot) warns;
@@ -109,3 +118,81 @@ def test_word_decode_fits_only_whole_words_and_dot_sized_k():
     assert not word_decode_fits(8, 128, 832, 160)  # int8 basis: no nibbles
     assert not word_decode_fits(4, 64, 832, 160)  # K = 8 < 16
     assert not word_decode_fits(4, 128, 834, 160) and not word_decode_fits(4, 128, 832, 162)  # not whole words
+
+
+ROW_CASES = SELECT_CASES + [MANY_PAGES_CASE]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-{c.combine}-k{c.page_budget}"
+                         + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
+                         + f"-n{sum(c.seq_lens)}")
+def test_row_select_path_matches_reference(device, case):
+    """Selection in two launches (keys + one program per pair) against the reference, on every
+    select case: ties to the lower ids, near-flat pages, dense fallback, a crowded threshold bin."""
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(row_select=True))
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_both_select_paths_leave_the_workspace_for_each_other(device):
+    """The paths share one workspace: each must leave its histograms zeroed for the other's next call
+    (a stale histogram shifts the next threshold bin and changes the selection)."""
+    from locks_toolkit.kernels.config import PAGE_SIZE, SummaryFormat
+    from locks_toolkit.kernels.reference.packing import SummaryLayout, pack_summaries
+    from locks_toolkit.kernels.reference.summary import build_page_summaries
+    from locks_toolkit.kernels.triton import ops
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    seqs, hkv, group, d, k, seq_len = 2, 2, 4, 64, 7, 16 * 41 + 3
+    pages = -(-seq_len // PAGE_SIZE)
+    layout = SummaryLayout(SummaryFormat.parse("r8i4"), d)
+    keys = torch.randn((seqs, hkv, pages, PAGE_SIZE, d), generator=gen)
+    packed = pack_summaries(build_page_summaries(keys, layout.rank), layout.fmt)
+    rows = packed.permute(0, 2, 1, 3).reshape(seqs * pages, hkv, layout.row_bytes).contiguous().to(device)
+    table = torch.arange(seqs * pages, dtype=torch.int32).reshape(seqs, pages).to(device)
+    lens = torch.full((seqs,), seq_len, dtype=torch.int32, device=device)
+    q = torch.randn((seqs, hkv * group, d), generator=gen).to(device)
+    ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
+    picks = []
+    for tuning in (ScoreTuning(row_select=True), ScoreTuning(), ScoreTuning(row_select=True), ScoreTuning()):
+        selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
+        ops.score_select(q, rows, table, lens, selected, layout, k, d**-0.5, workspace=ws, tuning=tuning)
+        picks.append(selected.cpu())
+    assert all(torch.equal(p, picks[0]) for p in picks[1:]), picks
+    assert int(ws.hist.abs().sum()) == 0 and int(ws.low_hist.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("row_select", [False, True])
+def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, row_select):
+    """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
+    the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
+    kernel's own integer keys, ties to the lower page ids (the reference check tolerates 1e-5)."""
+    from locks_toolkit.harness.score_sweep import selection_problems
+    from locks_toolkit.kernels.config import PAGE_SIZE, SummaryFormat
+    from locks_toolkit.kernels.reference.packing import SummaryLayout, pack_summaries
+    from locks_toolkit.kernels.reference.summary import build_page_summaries
+    from locks_toolkit.kernels.triton import ops
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    seqs, hkv, group, d, k, seq_len = 2, 2, 4, 64, 9, 16 * 203 + 5
+    pages = -(-seq_len // PAGE_SIZE)
+    layout = SummaryLayout(SummaryFormat.parse("r8i4"), d)
+    q = torch.randn((seqs, hkv * group, d), generator=gen)
+    keys = torch.randn((1, 1, 1, PAGE_SIZE, d), generator=gen).expand(seqs, hkv, pages, PAGE_SIZE, d).clone()
+    for s in range(seqs):
+        for h in range(hkv):
+            hot = torch.randperm(pages - 2, generator=gen)[:3] + 1
+            keys[s, h, hot] += 0.5 * q[s, h * group : (h + 1) * group].mean(0)
+    packed = pack_summaries(build_page_summaries(keys, layout.rank), layout.fmt)
+    rows = packed.permute(0, 2, 1, 3).reshape(seqs * pages, hkv, layout.row_bytes).contiguous().to(device)
+    table = torch.arange(seqs * pages, dtype=torch.int32).reshape(seqs, pages).to(device)
+    lens = torch.full((seqs,), seq_len, dtype=torch.int32, device=device)
+    ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
+    selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
+    ops.score_select(q.to(device), rows, table, lens, selected, layout, k, d**-0.5, workspace=ws,
+                     tuning=ScoreTuning(row_select=row_select))
+    contested = ws.keys[: seqs * hkv, 1 : pages - 1]
+    assert bool(((contested == contested.min(dim=1, keepdim=True).values).sum(dim=1) > 100).all())  # the ties at stake
+    assert selection_problems(selected, ws.keys, seq_len, k) is None, selected.tolist()

@@ -187,7 +187,7 @@ def score_select(
           f"S*Hkv={num_seqs * num_kv_heads}, max_pages={block_table.shape[1]}, G={group} (slots: a power of two >= G); "
           "rebuild it with score_select_workspace(max_num_seqs, Hkv, max_pages, device, group_size=G)")
     chunks = _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning)
-    _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget)
+    _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, tuning.row_select)
 
 
 def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning=_ss.DEFAULT_TUNING) -> int:
@@ -213,8 +213,9 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     return chunks
 
 
-def _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget) -> None:
-    """Kernels 2-5 of score_select (arguments already checked; topk.py). The kernel bench times them alone."""
+def _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, row_select: bool = False) -> None:
+    """Kernels 2-5 of score_select, or 2 and the row kernel (arguments already checked; topk.py). The
+    kernel bench times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
     common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS)
@@ -224,6 +225,13 @@ def _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_bu
         G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
         STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common,
     )
+    if row_select:
+        _sel._row_select_kernel[(pairs,)](
+            ws.keys, ws.hist, seq_lens, selected_pages, num_kv_heads, ws.max_pages, page_budget,
+            B=PAGE_SIZE, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS, BLOCK=_sel.ROW_BLOCK,
+            K_PAD=next_pow2(page_budget), num_warps=_sel.ROW_WARPS,
+        )
+        return
     _sel._gather_kernel[(pairs, chunks)](
         ws.keys, ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
         BLOCK=_sel.KEYS_BLOCK, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common,

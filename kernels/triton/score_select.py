@@ -54,6 +54,9 @@ class ScoreTuning:
     # True: the int4 basis is read as 32-bit words and decoded two codes per operation (`_word_codes`);
     # used only where the layout allows it (`word_decode_fits`), else the byte path runs.
     word_nibbles: bool = False
+    # True: selection in two launches (keys, then one program per (sequence, KV head): topk.py's row
+    # path) instead of four; fewer dependent launches, less parallel passes. Untimed on the H200.
+    row_select: bool = False
     # Chunks per (sequence, KV head) at most. 64 is what was measured (bs1 then fills 256 of the 528
     # program slots); up to MAX_CHUNKS fills them all at bs1: the sweep's variant, not yet timed.
     max_chunks: int = 64

@@ -24,6 +24,13 @@ took 473 us per layer at 128K on the H200 against 31 us on random queries.)
    -1 padded (the dense fallback, decided on the device).
 Histogram atomics are pre-aggregated per block when the block's digits span < 64 bins (a flat
 distribution would otherwise send every lane's atomic to one address).
+
+Row path (`ScoreTuning.row_select`, two launches instead of four): after `_keys_kernel`,
+`_row_select_kernel` runs one program per (sequence, KV head): threshold bin b1 from the pair's
+histogram, a pass over the keys for the low-bit histogram of bin b1 (in registers), then one pass in
+page order that writes every page above the threshold key and the first ties, already ascending.
+It trades parallel passes over the pages for fewer dependent launches (the four-launch path spends
+~25 us at bs1 whatever the context, H200).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ import triton.language as tl
 KEYS_BLOCK = 512  # pages per iteration of the key, gather and resolve kernels
 KEYS_WARPS = 8
 FINAL_WARPS = 8  # its [k, chunks] tie lookup is 16K elements: 4 warps sat at 255 registers
+ROW_BLOCK = 2048  # pages per iteration of the row kernel: 8 keys per thread at 8 warps
+ROW_WARPS = 8
 HIST_BINS = 8192  # top 13 of the 23 key bits
 LOW_BITS = 10  # resolved by the second histogram
 KEY_STEPS_PER_UNIT = 1 << 17  # fixed-point steps per unit of log share
@@ -250,3 +259,47 @@ def _finalize_kernel(
         tl.debug_barrier()
         row = tl.load(out_row + slot, mask=slot < K, other=2147483647)
         tl.store(out_row + slot, tl.sort(row), mask=slot < K)
+
+
+@triton.jit
+def _row_select_kernel(
+    keys_ptr, hist_ptr, seq_lens_ptr, out_ptr,
+    num_kv_heads, max_pages, K,
+    B: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, BLOCK: tl.constexpr, K_PAD: tl.constexpr,
+):
+    """Top-(k-2) of one pair's keys after `_keys_kernel`: sink, pages in page order, recent; resets the histogram."""
+    pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
+    out_row = out_ptr + pair.to(tl.int64) * K
+    slot = tl.arange(0, K_PAD)
+    if num_pages <= K:  # dense fallback: every page, -1 padded
+        tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
+    else:
+        bins = tl.arange(0, NBINS)
+        hist = tl.load(hist_ptr + pair * NBINS + bins)
+        tl.store(hist_ptr + pair * NBINS + bins, tl.zeros([NBINS], tl.int32))
+        b1, need = _pick_bin(hist, K - 2, NBINS)
+        row = keys_ptr + pair.to(tl.int64) * max_pages
+        recent = num_pages - 1
+        low_hist = tl.zeros([1 << LOW_BITS], tl.int32)
+        for start in range(1, recent, BLOCK):
+            page = start + tl.arange(0, BLOCK)
+            u = tl.load(row + page, mask=page < recent, other=0)
+            inside = (page < recent) & ((u >> LOW_BITS) == b1)
+            if tl.sum(inside.to(tl.int32), axis=0) > 0:  # the bin is sparse unless attention is flat
+                low_hist += tl.histogram(tl.where(inside, u & ((1 << LOW_BITS) - 1), 0), 1 << LOW_BITS, mask=inside)
+        b2, ties_wanted = _pick_bin(low_hist, need, 1 << LOW_BITS)
+        threshold = (b1 << LOW_BITS) | b2
+        n_out = 0
+        n_tie = 0
+        for start in range(1, recent, BLOCK):
+            page = start + tl.arange(0, BLOCK)
+            pm = page < recent
+            u = tl.load(row + page, mask=pm, other=0)
+            tie = pm & (u == threshold)
+            tie_rank = n_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1  # ties go to the lower page ids
+            take = pm & ((u > threshold) | (tie & (tie_rank < ties_wanted)))
+            tl.store(out_row + 1 + n_out + tl.cumsum(take.to(tl.int32), axis=0) - 1, page, mask=take)
+            n_out += tl.sum(take.to(tl.int32), axis=0)
+            n_tie += tl.sum(tie.to(tl.int32), axis=0)
+        tl.store(out_row, 0)
+        tl.store(out_row + K - 1, recent)
