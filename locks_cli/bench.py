@@ -215,3 +215,37 @@ def kernel(
     typer.echo(json.dumps(records, allow_nan=False, default=str) if as_json else markdown_table(records))
     if any(r["status"] == "error" for r in records):
         raise typer.Exit(1)
+
+
+@app.command("trace")
+def trace(
+    arm: str = typer.Option(..., help="One arm: fa3, flashinfer, locks, locks-kv, cpu, locks-cpu."),
+    context: str = typer.Option(..., help="Prompt length, e.g. 128k."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="YAML plan for the engine knobs (default plan otherwise)."),
+    model: Optional[str] = typer.Option(None, help="Preset or model dir (default: the plan's)."),
+    budget: Optional[int] = typer.Option(None, help="Token budget of a sparse arm (default: the plan's first)."),
+    layers: Optional[int] = typer.Option(None, help="Override the preset's layer count."),
+    steps: int = typer.Option(8, help="Decode steps traced."),
+    warm_steps: int = typer.Option(8, help="Untraced decode steps before them."),
+    graph_mode: Optional[str] = typer.Option(None, help="full_decode_only | eager | compile."),
+    gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-mem", help="vLLM gpu_memory_utilization."),
+    out: Path = typer.Option(Path("runs/trace"), "--out", help="Folder for trace.jsonl and the chrome trace."),
+) -> None:
+    """Where one arm's decode step goes: kernel time, idle time and the costliest kernels per step (torch.profiler)."""
+    from ..harness.plan import load_plan
+    from ..harness.step_trace import markdown, trace_arm
+    from ..harness.store import append_record
+    from ..harness.workload import parse_size
+    from ..kernels.config import ConfigError
+
+    try:
+        tokens = parse_size(context)
+        overrides = {"model": model, "arms": arm, "contexts": str(tokens), "batch_sizes": "1", "num_layers": layers,
+                     "graph_mode": graph_mode, "gpu_memory_utilization": gpu_memory_utilization,
+                     "budgets": str(budget) if budget is not None else None}
+        plan = load_plan(plan_file, overrides)
+        record = trace_arm(plan, arm, tokens, plan.budgets[0] if plan.budgets else None, steps, warm_steps, out)
+    except (ConfigError, ValueError) as exc:
+        raise fail(str(exc), "see `locks bench trace --help`") from None
+    append_record(out / "trace.jsonl", record)
+    typer.echo(markdown(record))

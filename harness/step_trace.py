@@ -1,0 +1,167 @@
+"""Where a decode step's time goes: torch.profiler over a few engine steps of one arm.
+
+The matched pair gives one number per step (TPOT); the kernel profile times Locks' kernels alone.
+When the two disagree (session 3: ~14 µs per layer of the Locks-vs-FA3 gap is in neither), this
+traces the real engine: one prompt of `context` tokens, `warm_steps` untraced decode steps, then
+`steps` decode steps inside the profiler, each wrapped in a named range. Per step it reports the wall
+time, the device time covered by kernels (union of their intervals), the idle rest, the kernel count
+and the kernels that take the most time per step. On a CPU engine (tests) the activities are the
+step's top-level CPU ops instead of kernels. The chrome trace is written next to the record.
+
+    locks bench trace --arm locks --context 128k --layers 40 --budget 2048 --out runs/trace
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .arms import get_arm
+from .plan import DecodePlan
+
+log = logging.getLogger(__name__)
+
+SCHEMA_TRACE = "locks.bench.trace/1"
+STEP_RANGE = "locks_trace_step_"
+TOP_ACTIVITIES = 15
+
+
+@dataclass(frozen=True)
+class Activity:
+    """One kernel (or CPU op) on the profiler's clock, µs."""
+
+    name: str
+    start_us: float
+    end_us: float
+
+    @property
+    def duration_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+def covered_us(activities: Sequence[Activity], start_us: float, end_us: float) -> float:
+    """Length of the union of the activities' intervals clipped to [start_us, end_us]."""
+    spans = sorted((max(a.start_us, start_us), min(a.end_us, end_us)) for a in activities)
+    total, reach = 0.0, start_us
+    for lo, hi in spans:
+        if hi <= reach:
+            continue
+        total += hi - max(lo, reach)
+        reach = hi
+    return total
+
+
+def summarize_steps(activities: Sequence[Activity], windows: Sequence[tuple[float, float]],
+                    top: int = TOP_ACTIVITIES) -> dict:
+    """Per-step wall / busy / idle time and activity counts, plus the activities taking the most time per step.
+
+    An activity belongs to the step whose window contains its start; device work queued by a step may
+    run after its host range ends, so a step's busy time counts its own activities wherever they run.
+    """
+    if not windows:
+        raise ValueError("no step windows: the traced steps recorded no ranges")
+    windows = sorted(windows)
+    per_step: list[list[Activity]] = [[] for _ in windows]
+    starts = [w[0] for w in windows]
+    for activity in activities:
+        index = next((i for i in range(len(windows) - 1, -1, -1) if starts[i] <= activity.start_us), None)
+        if index is not None:
+            per_step[index].append(activity)
+    steps = []
+    for (start, end), own in zip(windows, per_step):
+        wall = end - start
+        busy = covered_us(own, min([start] + [a.start_us for a in own]), max([end] + [a.end_us for a in own]))  # all of it
+        steps.append({"wall_us": wall, "busy_us": busy, "idle_us": max(wall - busy, 0.0),
+                      "activity_us": sum(a.duration_us for a in own), "activities": len(own)})
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    for own in per_step:
+        for activity in own:
+            totals[activity.name][0] += activity.duration_us
+            totals[activity.name][1] += 1
+    n = len(windows)
+    ranked = sorted(totals.items(), key=lambda item: -item[1][0])[:top]
+    return {
+        "steps": n,
+        "mean": {key: sum(step[key] for step in steps) / n for key in steps[0]},
+        "per_step": steps,
+        "top": [{"name": name, "us_per_step": total / n, "calls_per_step": calls / n} for name, (total, calls) in ranked],
+    }
+
+
+def activities_from_profile(events, device: str) -> tuple[list[Activity], list[tuple[float, float]]]:
+    """(kernels or, on CPU, the steps' top-level ops; step windows) from torch.profiler events."""
+    from torch.autograd import DeviceType
+
+    windows = [(e.time_range.start, e.time_range.end) for e in events if e.name.startswith(STEP_RANGE)]
+    if device == "cuda":
+        chosen = [e for e in events if e.device_type == DeviceType.CUDA]
+    else:  # CPU ops whose parent is a step range: each op counted once, not with its children
+        chosen = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is not None
+                  and e.cpu_parent.name.startswith(STEP_RANGE)]
+    return [Activity(e.name, e.time_range.start, e.time_range.end) for e in chosen], windows
+
+
+def trace_arm(plan: DecodePlan, arm_name: str, context: int, budget: int | None, steps: int, warm_steps: int,
+              out_dir: str | Path) -> dict:
+    """Profile `steps` decode steps of one arm at one context (batch 1); returns the trace record."""
+    import torch
+
+    from . import provenance as prov
+    from .presets import ModelGeometry
+    from .runner import resolve_model
+    from .session import EngineSession
+    from .worker import EngineJob, job_environment
+
+    if steps < 1 or warm_steps < 0:
+        raise ValueError(f"steps {steps} must be >= 1 and warm_steps {warm_steps} >= 0")
+    arm = get_arm(arm_name)
+    model_dir, config, dummy, _ = resolve_model(plan)
+    geometry = ModelGeometry.from_config(config, plan.dtype)
+    job = EngineJob(plan, arm_name, context, budget if arm.sparse else None, (1,), model_dir, dummy, geometry,
+                    int(config.get("vocab_size", 32000)), measure_ttft=False)
+    os.environ.update(job_environment(job))  # before vLLM is imported by the session
+    session = EngineSession(plan, arm_name, model_dir, dummy, job.knobs, job.vocab_size)
+    try:
+        prefill = session.prefill(1, context, "trace")
+        session.decode(prefill.request_ids, warm_steps)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if arm.device == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        step_ms = []
+        with torch.profiler.profile(activities=activities) as profiler:
+            for index in range(steps):
+                with torch.profiler.record_function(f"{STEP_RANGE}{index}"):
+                    step_ms += session.decode(prefill.request_ids, 1).step_ms
+        session.abort(prefill.request_ids)
+    finally:
+        if plan.tensor_parallel_size > 1:
+            session.close()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace_file = out_dir / f"trace-{arm_name}-{context}.json"
+    profiler.export_chrome_trace(str(trace_file))
+    found, windows = activities_from_profile(profiler.events(), arm.device)
+    summary = summarize_steps(found, windows)
+    log.info("%s @ %d: %.0f µs per step, device busy %.0f µs, %.0f activities", arm_name, context,
+             summary["mean"]["wall_us"], summary["mean"]["busy_us"], summary["mean"]["activities"])
+    return {"schema": SCHEMA_TRACE, "kind": "trace", "status": "ok", "reason": "",
+            "cell": {"arm": arm_name, "context_tokens": context, "budget_tokens": job.budget, "batch_size": 1,
+                     "layers": geometry.num_layers, "graph_mode": plan.graph_mode},
+            "step_ms": step_ms, "summary": summary, "activity": "kernels" if arm.device == "cuda" else "cpu ops",
+            "trace_file": str(trace_file), "provenance": prov.collect(schema=SCHEMA_TRACE)}
+
+
+def markdown(record: dict, top: int = 10) -> str:
+    """The record as a short markdown summary: mean step split and the costliest activities."""
+    cell, mean = record["cell"], record["summary"]["mean"]
+    lines = [f"### {cell['arm']} @ {cell['context_tokens']} tokens, {cell['layers']} layers ({record['activity']})", "",
+             f"wall {mean['wall_us']:.0f} µs per step; busy {mean['busy_us']:.0f} µs, idle {mean['idle_us']:.0f} µs; "
+             f"{mean['activities']:.0f} activities per step", "",
+             "| activity | µs per step | calls per step |", "| :--- | ---: | ---: |"]
+    lines += [f"| `{t['name'][:80]}` | {t['us_per_step']:.1f} | {t['calls_per_step']:.1f} |"
+              for t in record["summary"]["top"][:top]]
+    return "\n".join(lines)

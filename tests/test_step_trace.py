@@ -1,0 +1,67 @@
+"""`locks bench trace`: the per-step busy/idle split from profiler activities, and a real CPU engine run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from locks_toolkit.harness.plan import default_plan_path
+from locks_toolkit.harness.step_trace import (
+    Activity,
+    covered_us,
+    markdown,
+    summarize_steps,
+)
+
+
+def test_covered_time_is_the_union_of_clipped_intervals():
+    acts = [Activity("a", 0, 10), Activity("b", 5, 15), Activity("c", 20, 30), Activity("d", 22, 25)]
+    assert covered_us(acts, 0, 100) == 25  # [0, 15] and [20, 30]
+    assert covered_us(acts, 8, 21) == 8  # [8, 15] and [20, 21]
+    assert covered_us([], 0, 10) == 0
+
+
+def test_steps_own_the_activities_they_started_and_rank_them_per_step():
+    windows = [(0.0, 100.0), (100.0, 200.0)]
+    acts = [Activity("gemm", 0, 40), Activity("attn", 50, 60), Activity("attn", 55, 70),  # step 0: busy 60
+            Activity("gemm", 100, 140), Activity("attn", 190, 230)]  # step 1: starts inside, runs past its end
+    summary = summarize_steps(acts, windows)
+    first, second = summary["per_step"]
+    assert (first["busy_us"], first["idle_us"], first["activities"]) == (60, 40, 3)
+    assert (second["busy_us"], second["idle_us"], second["activity_us"]) == (80, 20, 80)
+    assert summary["mean"]["busy_us"] == 70
+    assert [(t["name"], t["us_per_step"], t["calls_per_step"]) for t in summary["top"]] == [("gemm", 40, 1), ("attn", 32.5, 1.5)]
+    with pytest.raises(ValueError, match="no step windows"):
+        summarize_steps(acts, [])
+
+
+def test_markdown_names_the_arm_and_the_costliest_activity():
+    summary = summarize_steps([Activity("k1", 0, 5), Activity("k2", 5, 7)], [(0.0, 10.0)])
+    record = {"cell": {"arm": "locks", "context_tokens": 4096, "layers": 2}, "activity": "kernels", "summary": summary}
+    text = markdown(record)
+    assert "locks @ 4096" in text and text.index("`k1`") < text.index("`k2`") and "idle 3 µs" in text
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_cli_traces_the_cpu_engine(tmp_path):
+    """The real vLLM CPU engine with the Locks CPU backend: every traced step has a window and ops."""
+    smoke = str(default_plan_path().parent / "smoke-cpu.yaml")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    args = [sys.executable, "-m", "locks_toolkit.locks_cli.main", "bench", "trace", "--plan", smoke,
+            "--arm", "locks-cpu", "--context", "300", "--budget", "128", "--steps", "2", "--warm-steps", "1",
+            "--out", str(tmp_path)]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=380, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (record,) = [json.loads(line) for line in (tmp_path / "trace.jsonl").read_text().splitlines()]
+    summary = record["summary"]
+    assert record["schema"] == "locks.bench.trace/1" and record["activity"] == "cpu ops"
+    assert summary["steps"] == 2 and len(record["step_ms"]) == 2
+    for step in summary["per_step"]:
+        assert step["activities"] > 0 and 0 < step["busy_us"] <= step["wall_us"] + 1
+    assert summary["top"] and (tmp_path / "trace-locks-cpu-300.json").stat().st_size > 0
+    assert "locks-cpu @ 300" in done.stdout
