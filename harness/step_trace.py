@@ -159,8 +159,8 @@ def markdown(record: dict, top: int = 10) -> str:
     """The record as a short markdown summary: mean step split and the costliest activities."""
     cell, mean = record["cell"], record["summary"]["mean"]
     lines = [f"### {cell['arm']} @ {cell['context_tokens']} tokens, {cell['layers']} layers ({record['activity']})", "",
-             f"wall {mean['wall_us']:.0f} µs per step; busy {mean['busy_us']:.0f} µs, idle {mean['idle_us']:.0f} µs; "
-             f"{mean['activities']:.0f} activities per step", "",
+             (f"wall {mean['wall_us']:.0f} µs per step; busy {mean['busy_us']:.0f} µs, idle {mean['idle_us']:.0f} µs; "
+              f"{mean['activities']:.0f} activities per step"), "",
              "| activity | µs per step | calls per step |", "| :--- | ---: | ---: |"]
     lines += [f"| `{t['name'][:80]}` | {t['us_per_step']:.1f} | {t['calls_per_step']:.1f} |"
               for t in record["summary"]["top"][:top]]
