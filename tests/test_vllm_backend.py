@@ -249,3 +249,37 @@ def test_exact_check_accepts_a_bf16_near_tie_and_rejects_a_real_divergence():
     assert near_tie["pass"] and near_tie["tokens_agree_prefix"] == 1
     assert not compare_exact(fa, run([6, 7, 9], [{6: -0.4}, {7: -0.7}, {9: -0.1}]))["pass"]  # gap 1.0 at step 0
     assert not compare_exact(fa, run([5, 7, 9], [{5: -0.5 - 2 * LOGPROB_TOL}, {7: -0.7}, {9: -0.1}]))["pass"]
+
+
+def test_gpu_check_engines_never_overlap_and_each_is_shut_down(monkeypatch):
+    """gpu_check's three in-process engines run one at a time: each is shut down (and its memory
+    handed back) before the next is made, also when its use raises."""
+    from types import SimpleNamespace
+
+    from locks_toolkit.kernels.vllm_backend import gpu_check
+
+    events = []
+
+    def make_engine(model_dir, backend, utilization, max_len, **kwargs):
+        name = f"{backend}:{(kwargs.get('locks') or {}).get('scorer', 'dense')}"
+        events.append(("make", name))
+        core = SimpleNamespace(shutdown=lambda: events.append(("shutdown", name)))
+        return SimpleNamespace(name=name, llm_engine=SimpleNamespace(engine_core=core))
+
+    def greedy(llm, ids, steps, logprobs=None, on_first_token=None):
+        events.append(("use", llm.name))
+        return {"tokens": [1, 2], "logprobs": []}
+
+    monkeypatch.setattr(gpu_check, "make_engine", make_engine)
+    monkeypatch.setattr(gpu_check, "greedy", greedy)
+    monkeypatch.setattr(gpu_check, "compare_exact", lambda a, b: {"pass": True})
+    monkeypatch.setattr(gpu_check, "check_oracle_captures", lambda k: {"pass": True, "k": k})
+    result = gpu_check.run_checks("/nowhere", context=1024)
+    assert result["oracle_b2048"] == {"pass": True, "k": gpu_check.ORACLE_BUDGET // 16}
+    names = ["FLASH_ATTN:dense", "CUSTOM:locks", "CUSTOM:oracle"]
+    assert events == [step for name in names for step in (("make", name), ("use", name), ("shutdown", name))]
+
+    events.clear()
+    with pytest.raises(RuntimeError, match="boom"):
+        gpu_check.with_engine("/nowhere", "CUSTOM", 0.1, 2048, lambda llm: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert events == [("make", "CUSTOM:dense"), ("shutdown", "CUSTOM:dense")]

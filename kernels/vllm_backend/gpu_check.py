@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import math
 import os
 import statistics
@@ -147,25 +148,47 @@ def run_checks(model_dir: str, context: int = CHECK_CONTEXT, utilization: float 
 
     max_len = context + 512
     ids = prompt_ids(context, seed=1)
-    fa = make_engine(model_dir, "FLASH_ATTN", utilization, max_len, num_layers=CHECK_LAYERS, eager=eager)
-    fa_run = greedy(fa, ids, CHECK_STEPS, logprobs=5)
-    full = make_engine(model_dir, "CUSTOM", utilization, max_len, num_layers=CHECK_LAYERS, eager=eager,
-                       locks={"budget": 16 * math.ceil(max_len / 16), "scorer": "locks"})
-    counters.reset()
-    full_run = greedy(full, ids, CHECK_STEPS, logprobs=5)
-    exact = compare_exact(fa_run, full_run) | {"counters": counters.snapshot()}
+    fa_run = with_engine(model_dir, "FLASH_ATTN", utilization, max_len, lambda llm: greedy(llm, ids, CHECK_STEPS, logprobs=5),
+                         eager=eager, num_layers=CHECK_LAYERS)
 
-    debug.clear()
-    oracle = make_engine(model_dir, "CUSTOM", utilization, max_len, num_layers=CHECK_LAYERS, eager=True,
-                         locks={"budget": ORACLE_BUDGET, "scorer": "oracle", "debug_capture_layers": ORACLE_CAPTURE_LAYERS})
-    greedy(oracle, ids, ORACLE_STEPS)
-    oracle_result = check_oracle_captures(ORACLE_BUDGET // 16)
-    debug.clear()
-    del fa, full, oracle  # best effort: in-process engines do not always give all memory back
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    def full_use(llm) -> tuple[dict, dict]:
+        counters.reset()
+        return greedy(llm, ids, CHECK_STEPS, logprobs=5), counters.snapshot()
+
+    full_run, full_counters = with_engine(model_dir, "CUSTOM", utilization, max_len, full_use, eager=eager,
+                                          locks={"budget": 16 * math.ceil(max_len / 16), "scorer": "locks"},
+                                          num_layers=CHECK_LAYERS)
+    exact = compare_exact(fa_run, full_run) | {"counters": full_counters}
+
+    def oracle_use(llm) -> dict:
+        debug.clear()
+        greedy(llm, ids, ORACLE_STEPS)
+        try:
+            return check_oracle_captures(ORACLE_BUDGET // 16)
+        finally:
+            debug.clear()  # the captures reference this engine's KV cache
+
+    oracle_result = with_engine(model_dir, "CUSTOM", utilization, max_len, oracle_use, eager=True, num_layers=CHECK_LAYERS,
+                                locks={"budget": ORACLE_BUDGET, "scorer": "oracle", "debug_capture_layers": ORACLE_CAPTURE_LAYERS})
     return {"exact_b_ge_context": exact, "oracle_b2048": oracle_result}
+
+
+def with_engine(model_dir: str, backend: str, utilization: float, max_len: int, use, **engine_kwargs):
+    """use(engine) on a fresh in-process engine, which is shut down and its memory handed back before
+    this returns: the next engine sizes its KV cache and Locks reservation from what is free (H200,
+    2026-11-29: with the FA3 engine still alive, the Locks engine at utilisation 0.10 had no room)."""
+    llm = make_engine(model_dir, backend, utilization, max_len, **engine_kwargs)
+    try:
+        return use(llm)
+    finally:
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception as exc:  # noqa: BLE001 - teardown is best effort
+            logging.getLogger(__name__).warning("engine shutdown failed: %s", exc)
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def _stats(step_ms: list[float]) -> dict:
