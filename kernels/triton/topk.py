@@ -219,6 +219,21 @@ def _resolve_kernel(
 
 
 @triton.jit
+def _every_page(out_row, slot, num_pages, K):
+    """The dense fallback, decided on the device (pages <= k): every page, -1 padded."""
+    tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
+
+
+@triton.jit
+def _take_histogram(row_ptr, NB: tl.constexpr):
+    """A pair's histogram, left zeroed for the next call."""
+    bins = tl.arange(0, NB)
+    hist = tl.load(row_ptr + bins)
+    tl.store(row_ptr + bins, tl.zeros([NB], tl.int32))
+    return hist
+
+
+@triton.jit
 def _finalize_kernel(
     hist_ptr, low_hist_ptr, counts_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, num_chunks, K,
@@ -228,15 +243,11 @@ def _finalize_kernel(
     pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     out_row = out_ptr + pair.to(tl.int64) * K
     slot = tl.arange(0, K_PAD)
-    if num_pages <= K:  # dense fallback: every page, -1 padded
-        tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
+    if num_pages <= K:
+        _every_page(out_row, slot, num_pages, K)
     else:
-        bins = tl.arange(0, NBINS)
-        low_bins = tl.arange(0, 1 << LOW_BITS)
-        hist = tl.load(hist_ptr + pair * NBINS + bins)
-        low_hist = tl.load(low_hist_ptr + pair * (1 << LOW_BITS) + low_bins)
-        tl.store(hist_ptr + pair * NBINS + bins, tl.zeros([NBINS], tl.int32))
-        tl.store(low_hist_ptr + pair * (1 << LOW_BITS) + low_bins, tl.zeros([1 << LOW_BITS], tl.int32))
+        hist = _take_histogram(hist_ptr + pair * NBINS, NBINS)
+        low_hist = _take_histogram(low_hist_ptr + pair * (1 << LOW_BITS), 1 << LOW_BITS)
         _, need = _pick_bin(hist, K - 2, NBINS)
         _, need = _pick_bin(low_hist, need, 1 << LOW_BITS)
         count_row = counts_ptr + pair * (2 * MAXC + 1)
@@ -271,13 +282,10 @@ def _row_select_kernel(
     pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     out_row = out_ptr + pair.to(tl.int64) * K
     slot = tl.arange(0, K_PAD)
-    if num_pages <= K:  # dense fallback: every page, -1 padded
-        tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
+    if num_pages <= K:
+        _every_page(out_row, slot, num_pages, K)
     else:
-        bins = tl.arange(0, NBINS)
-        hist = tl.load(hist_ptr + pair * NBINS + bins)
-        tl.store(hist_ptr + pair * NBINS + bins, tl.zeros([NBINS], tl.int32))
-        b1, need = _pick_bin(hist, K - 2, NBINS)
+        b1, need = _pick_bin(_take_histogram(hist_ptr + pair * NBINS, NBINS), K - 2, NBINS)
         row = keys_ptr + pair.to(tl.int64) * max_pages
         recent = num_pages - 1
         low_hist = tl.zeros([1 << LOW_BITS], tl.int32)
