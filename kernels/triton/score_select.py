@@ -24,9 +24,10 @@ import triton.language as tl
 
 from ._common import mm
 
-# Cost model (r8i4, G=8, d=128): the scorer is bound by instruction issue and stalls, not bytes: ~1400
-# SASS per thread per 16-page tile (int4 unpack, operand shuffles through shared memory, address math)
-# against 0.4 us to stream the tile at 4.23 TB/s / 132 SMs. Measured on the H200 (harness/score_sweep.py,
+# Cost model (r8i4, G=8, d=128): the scorer is bound by instruction issue and stalls, not bytes: 1802
+# SASS per thread per 16-page tile (aot.py, specialised like production: int4 unpack ~600, the fp32
+# coefficient contraction ~340, operand shuffles through shared memory with ~20 barriers, address
+# math) against 0.4 us to stream the tile at 4.23 TB/s / 132 SMs. Measured on the H200 (harness/score_sweep.py,
 # 2026-11-29): 8 warps x 128 registers (2 programs/SM) 91.6 us at 128K bs1, 4 warps x 128 registers
 # (4 programs/SM) 57.2 us, uncapped registers slower still; software pipelining (tl.range stages=2)
 # and the int-to-float nibble path were 5-10% slower. More resident warps hide the latency of each
