@@ -29,6 +29,13 @@ class SparseKnobs:
     combine: str = "share_average"
 
 
+# vLLM general-plugin entry-point names (VLLM_PLUGINS allowlist): each engine loads only its arm's
+# plugin, so the peer's plugin cannot touch the FA3, FlashInfer or Locks engines of a pair (and ours
+# not the peer's). Ours is declared in pyproject.toml; the peer's (`locks-kv` 0.1.4) is `locks`.
+OUR_PLUGIN = "locks_toolkit"
+PEER_PLUGIN = "locks"
+
+
 @dataclass(frozen=True)
 class Arm:
     name: str
@@ -41,6 +48,7 @@ class Arm:
     counters: str | None = None  # "module:function" returning the deployed-path counters
     additional_config: Callable[[SparseKnobs], dict] | None = None
     env: Callable[[SparseKnobs | None, str | None], dict[str, str]] | None = None
+    vllm_plugins: str = OUR_PLUGIN  # the only vLLM plugins this arm's engine loads
 
     def engine_kwargs(self, knobs: SparseKnobs | None) -> dict:
         kwargs: dict = {"attention_config": {"backend": self.backend}, "block_size": self.block_size}
@@ -49,7 +57,8 @@ class Arm:
         return kwargs
 
     def environment(self, knobs: SparseKnobs | None, peer_config: str | None) -> dict[str, str]:
-        return dict(self.env(knobs, peer_config)) if self.env is not None else {}
+        extra = dict(self.env(knobs, peer_config)) if self.env is not None else {}
+        return {"VLLM_PLUGINS": self.vllm_plugins, **extra}
 
     def missing_plugin(self) -> str | None:
         """The plugin distribution this arm needs but that is not installed, else None."""
@@ -136,6 +145,7 @@ register_arm(
         description="the locks-kv peer plugin (activated by LOCKS_CONFIG; its own selector)",
         plugin_distribution="locks-kv",
         env=_locks_kv_env,
+        vllm_plugins=PEER_PLUGIN,
     )
 )
 register_arm(Arm("cpu", "CPU_ATTN", device="cpu", description="vLLM CPU attention, dense (tests, CI)"))

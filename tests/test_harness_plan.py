@@ -120,7 +120,10 @@ def test_arms_come_from_the_registry():
     for budget in (2048, 2040):
         peer_config = json.loads(peer.environment(SparseKnobs(budget), None)["LOCKS_CONFIG"])
         assert peer_config == {"variant": "fast", "budget_pages": 126, "sink_pages": 1, "window_pages": 1}
-    assert peer.environment(SparseKnobs(1024), '{"x": 1}') == {"LOCKS_CONFIG": '{"x": 1}'}
+    assert peer.environment(SparseKnobs(1024), '{"x": 1}') == {"LOCKS_CONFIG": '{"x": 1}', "VLLM_PLUGINS": "locks"}
+    # each engine loads only its arm's plugin: the peer's never sits in the FA3 / FlashInfer / Locks engines
+    for name in ("fa3", "flashinfer", "locks", "cpu", "locks-cpu"):
+        assert get_arm(name).environment(SparseKnobs(1024), None)["VLLM_PLUGINS"] == "locks_toolkit"
     with pytest.raises(ConfigError, match="unknown"):
         get_arm("sdpa")
 

@@ -115,6 +115,7 @@ def test_locks_cpu_arm_is_verified_by_the_backend_counters(tmp_path):
     assert sparse["path_check"]["counters"]["dense_fallback_rows"] == 0
     assert sparse["bytes_per_step"]["locks"] < sparse["bytes_per_step"]["dense"]
     assert sparse["engine"]["env"]["LOCKS_VLLM_CPU"] == "1"
+    assert sparse["engine"]["env"]["VLLM_PLUGINS"] == "locks_toolkit"  # the allowlist still loads our plugin
     assert sparse["engine"]["engine_kwargs"]["additional_config"] == {
         "locks": {"budget": 128, "format": "r8i4", "scorer": "locks", "combine": "share_average"}}
     assert (dense["cell"]["budget_tokens"], dense["status"]) == (512, "refused")
