@@ -121,6 +121,17 @@ def _load_chunk(k_ptr, base, tok, j, c, valid, s_tok, s_dim, DH: tl.constexpr):
 
 
 @triton.jit
+def _chunk_basis(k_ptr, base, tok, j, c, valid, s_tok, s_dim, U, inv_sigma, B: tl.constexpr, DH: tl.constexpr):
+    """Chunk c's centroid halves [P, DC] and unit basis halves [P, DC, B] = (k - mu)^T U / sigma (even, odd dims)."""
+    k_even, k_odd = _load_chunk(k_ptr, base, tok, j, c, valid, s_tok, s_dim, DH)
+    mu_even = tl.sum(k_even, axis=1) / B
+    mu_odd = tl.sum(k_odd, axis=1) / B
+    basis_even = tl.dot(tl.permute(k_even - mu_even[:, None, :], (0, 2, 1)), U, input_precision="ieee") * inv_sigma[:, None, :]
+    basis_odd = tl.dot(tl.permute(k_odd - mu_odd[:, None, :], (0, 2, 1)), U, input_precision="ieee") * inv_sigma[:, None, :]
+    return mu_even, mu_odd, basis_even, basis_odd
+
+
+@triton.jit
 def _build_kernel(
     k_ptr, block_ids_ptr, rows_u8, rows_i8, rows_f16,
     s_blk, s_tok, s_head, s_dim, num_kv_heads, num_items, row_bytes,
@@ -223,20 +234,17 @@ def _build_kernel(
         c_ptr = rows_f16 + f_row[:, None, None] + COEF_OFF // 2 + tok[None, :, None] * R + cols[None, None, :]
         tl.store(c_ptr, coef.to(tl.float16), mask=vm & cm[:, None, :])
         for c in range(0, DH_PAD, DC):
-            k_even, k_odd = _load_chunk(k_ptr, base, tok, j, c, valid, s_tok, s_dim, DH)
-            mu_even = tl.sum(k_even, axis=1) / B
-            mu_odd = tl.sum(k_odd, axis=1) / B
+            mu_even, mu_odd, basis_even, basis_odd = _chunk_basis(k_ptr, base, tok, j, c, valid, s_tok, s_dim, U,
+                                                                  inv_sigma, B, DH)
             jm = (c + j < DH)[None, :]
             m_ptr = rows_f16 + f_row[:, None] + 2 * (c + j)[None, :]
             tl.store(m_ptr, mu_even.to(tl.float16), mask=valid[:, None] & jm)
             tl.store(m_ptr + 1, mu_odd.to(tl.float16), mask=valid[:, None] & jm)
-            basis_even = tl.dot(tl.permute(k_even - mu_even[:, None, :], (0, 2, 1)), U, input_precision="ieee")
-            basis_odd = tl.dot(tl.permute(k_odd - mu_odd[:, None, :], (0, 2, 1)), U, input_precision="ieee")
             b_ptr = (rows_f16 + f_row[:, None, None] + BASIS_OFF // 2 + cols[None, None, :] * D
                      + 2 * (c + j)[None, :, None])
             bm = vm & jm[:, :, None] & cm[:, None, :]
-            tl.store(b_ptr, (basis_even * inv_sigma[:, None, :]).to(tl.float16), mask=bm)
-            tl.store(b_ptr + 1, (basis_odd * inv_sigma[:, None, :]).to(tl.float16), mask=bm)
+            tl.store(b_ptr, basis_even.to(tl.float16), mask=bm)
+            tl.store(b_ptr + 1, basis_odd.to(tl.float16), mask=bm)
     else:
         QMAX: tl.constexpr = 7 if BITS == 4 else 127
         s_mu = _scale_of(mu_absmax, 127)  # [P]
@@ -247,25 +255,16 @@ def _build_kernel(
         # Pass 2: basis column absmax (its scale); pass 3 recomputes each basis chunk and stores it quantized.
         col_absmax = tl.zeros((P, B), dtype=tl.float32)
         for c in range(0, DH_PAD, DC):
-            k_even, k_odd = _load_chunk(k_ptr, base, tok, j, c, valid, s_tok, s_dim, DH)
-            dev_even = tl.permute(k_even - (tl.sum(k_even, axis=1) / B)[:, None, :], (0, 2, 1))
-            dev_odd = tl.permute(k_odd - (tl.sum(k_odd, axis=1) / B)[:, None, :], (0, 2, 1))
-            basis_even = tl.dot(dev_even, U, input_precision="ieee") * inv_sigma[:, None, :]  # [P, DC, B]
-            basis_odd = tl.dot(dev_odd, U, input_precision="ieee") * inv_sigma[:, None, :]
+            _, _, basis_even, basis_odd = _chunk_basis(k_ptr, base, tok, j, c, valid, s_tok, s_dim, U, inv_sigma, B, DH)
             col_absmax = tl.maximum(col_absmax, tl.max(tl.maximum(tl.abs(basis_even), tl.abs(basis_odd)), axis=1))
         s_col = _scale_of(col_absmax, QMAX)  # [P, B] (modes)
         for c in range(0, DH_PAD, DC):
-            k_even, k_odd = _load_chunk(k_ptr, base, tok, j, c, valid, s_tok, s_dim, DH)
-            mu_even = tl.sum(k_even, axis=1) / B
-            mu_odd = tl.sum(k_odd, axis=1) / B
+            mu_even, mu_odd, basis_even, basis_odd = _chunk_basis(k_ptr, base, tok, j, c, valid, s_tok, s_dim, U,
+                                                                  inv_sigma, B, DH)
             jm = (c + j < DH)[None, :]
             m_ptr = rows_i8 + row[:, None] + 2 * (c + j)[None, :]
             tl.store(m_ptr, _quantize(mu_even, s_mu[:, None], 127).to(tl.int8), mask=valid[:, None] & jm)
             tl.store(m_ptr + 1, _quantize(mu_odd, s_mu[:, None], 127).to(tl.int8), mask=valid[:, None] & jm)
-            dev_even = tl.permute(k_even - mu_even[:, None, :], (0, 2, 1))
-            dev_odd = tl.permute(k_odd - mu_odd[:, None, :], (0, 2, 1))
-            basis_even = tl.dot(dev_even, U, input_precision="ieee") * inv_sigma[:, None, :]
-            basis_odd = tl.dot(dev_odd, U, input_precision="ieee") * inv_sigma[:, None, :]
             q_even = _quantize(basis_even, s_col[:, None, :], QMAX)
             q_odd = _quantize(basis_odd, s_col[:, None, :], QMAX)
             bm = vm & jm[:, :, None] & cm[:, None, :]
