@@ -40,6 +40,7 @@ from .tp_captures import (
     COMPARED_LAYER,
     capture_fault,
     compare_captures,
+    first_divergence,
     without_queries,
 )
 from .tp_checkpoint import CheckpointSpec, write_checkpoint
@@ -209,7 +210,7 @@ def compare_runs(reference: dict, other: dict) -> dict:
     ref_tokens, other_tokens = reference["tokens"], other["tokens"]
     steps = min(len(ref_tokens), len(other_tokens))
     agree = [a == b for a, b in zip(ref_tokens[:steps], other_tokens[:steps])]
-    first = next((i for i, same in enumerate(agree) if not same), None)
+    first = first_divergence(ref_tokens[:steps], other_tokens[:steps])
     compared = steps if first is None else first + 1
     deltas = []
     for t in range(compared):

@@ -125,6 +125,11 @@ def test_oracle_check_moved_out_of_gpu_check_still_catches_a_wrong_selection():
                                + pages[2:])
     bad = cc.check_oracle_captures(BUDGET, [caps[0], swapped])
     assert not bad["pass"] and bad["selection_mismatches"] == 1
+    # a NaN output fails (max(0.0, nan) is 0.0 in Python: the error must not be folded in raw)
+    poisoned = dict(caps[1], out=caps[1]["out"].clone())
+    poisoned["out"][0, 0, 0] = float("nan")
+    nan = cc.check_oracle_captures(BUDGET, [caps[0], poisoned])
+    assert not nan["pass"] and nan["max_excess_error"] == float("inf")
 
 
 def test_debug_record_keeps_copies_of_cpu_buffers_the_next_step_overwrites():
