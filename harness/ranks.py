@@ -64,6 +64,20 @@ def rank_facts(worker) -> dict | None:
         return None
 
 
+def rank_capture_clear(worker) -> int:
+    """Drop this rank's decode captures (the engine's warm-up decodes among them) -> how many were dropped.
+
+    Called right before the compared request: on the GPU, vLLM's warm-up runs a dummy decode batch
+    (seq_len 3) through the Locks path after the KV cache exists, and its capture cannot be checked
+    later because the request's writes reuse those pages (H200, 2026-11-29: excess error 6.5).
+    """
+    from ..kernels.vllm_backend import debug
+
+    dropped = len(debug.captures)
+    debug.clear()
+    return dropped
+
+
 def rank_capture_check(worker, detail_layer: int | None) -> dict:
     """This rank's Locks decode captures checked in its own process (kernels/vllm_backend/capture_check.py).
 

@@ -31,17 +31,20 @@ SCHEMA_SCORE_SWEEP = "locks.score_sweep/1"
 log = logging.getLogger(__name__)
 
 VARIANTS = (
-    DEFAULT_TUNING,  # 4 warps, 128 registers: the fastest of the 2026-11-29 sweep (docs/results/score-sweep-h200.md)
-    # int4 basis read as 32-bit words, two codes per operation: 1679 vs 1802 SASS per tile (aot.py), untimed
+    DEFAULT_TUNING,  # 4 warps, 128 registers, up to 128 chunks (every program slot at bs1)
+    ScoreTuning(max_chunks=64),  # the default measured in sessions 1-3 (docs/results/score-sweep-h200-s3.md)
+    # int4 basis read as 32-bit words, two codes per operation: 1679 vs 1802 SASS per tile (aot.py);
+    # H200 s4 at 64 chunks: 57.0 vs 57.1 us at 128K bs1, 343.6 vs 345.7 at bs8 (no gain worth a path)
     ScoreTuning(word_nibbles=True),
-    ScoreTuning(row_select=True),  # selection in 2 launches instead of 4 (topk.py row path), untimed
-    ScoreTuning(warps=8),  # the previous default
+    # selection in 2 launches instead of 4 (topk.py row path); H200 s4: 18.2 vs 25.5 us at 32K bs1,
+    # 45.8 vs 26.0 at 128K (one program streams all keys twice)
+    ScoreTuning(row_select=True),
+    ScoreTuning(warps=8),  # the default of session 1
     # No 2-warp or < 128-register variants: sm_90 compiles of them spill (aot.py; 848 B at 2 x 128).
     ScoreTuning(warps=4, maxnreg=None),
     ScoreTuning(warps=4, stages=2),
     ScoreTuning(warps=4, mantissa_nibbles=False),
     ScoreTuning(warps=4, tile=32),
-    ScoreTuning(max_chunks=128),  # bs1 fills every program slot (4 per SM x 132)
 )
 
 

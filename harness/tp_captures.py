@@ -91,7 +91,8 @@ def compare_captures(reference: dict, other: dict, context: int) -> dict:
     overlaps, identical, dq, q_max = [], 0, 0.0, 0.0
     for length, (ref_heads, ref_q) in ref_steps.items():
         step = length - context - 1
-        if length not in other_steps or (first is not None and step >= first):
+        # step < 0: not a decode of the request (a warm-up batch the engine ran before it)
+        if step < 0 or length not in other_steps or (first is not None and step >= first):
             continue
         other_heads, other_q = other_steps[length]
         if len(other_heads) != len(ref_heads) or len(other_q) != len(ref_q):

@@ -150,6 +150,7 @@ def engine_run(config: TPCheckConfig, model_dir: str, arm_name: str, tp: int) ->
     prompt = rng.integers(10, config.checkpoint.vocab_size, size=config.context).tolist()
     sampling = SamplingParams(max_tokens=config.steps, temperature=0.0, ignore_eos=True, detokenize=False,
                               logprobs=config.logprobs)
+    dropped = llm.collective_rpc(ranks.rank_capture_clear) if capture else None
     before = read()
     started = time.perf_counter()
     (output,) = llm.generate([TokensPrompt(prompt_token_ids=prompt)], sampling, use_tqdm=False)
@@ -171,6 +172,7 @@ def engine_run(config: TPCheckConfig, model_dir: str, arm_name: str, tp: int) ->
     }
     if capture:
         result["captures"] = llm.collective_rpc(ranks.rank_capture_check, args=(COMPARED_LAYER,))
+        result["warmup_captures_dropped"] = dropped
     try:  # waits for the rank processes to exit, so the next engine finds its GPUs free
         llm.llm_engine.engine_core.shutdown()
     except Exception as exc:  # noqa: BLE001 - teardown is best effort

@@ -77,8 +77,12 @@ def test_rank_check_passes_a_correct_capture_and_fails_a_wrong_head(group):
     # one query head of one sequence off by 0.1: far outside bf16 rounding
     out = caps[1]["out"].clone()
     out[1, group - 1] += 0.1
-    bad = cc.check_rank_captures([caps[0], {**caps[1], "out": out}])
+    bad = cc.check_rank_captures([caps[0], {**caps[1], "out": out}, caps[2]], detail_layer=0)
     assert not bad["pass"] and bad["max_excess_error"] > cc.BF16_ATOL and bad["selection_faults"] == 0
+    # the step details name the failing capture (layer 2 here, so not among the layer-0 details)
+    assert all(s["excess_error"] <= cc.BF16_ATOL for s in bad["steps"])
+    named = cc.check_rank_captures([caps[0], {**caps[2], "out": caps[2]["out"] + 0.1}], detail_layer=0)
+    assert [s["excess_error"] > cc.BF16_ATOL for s in named["steps"]] == [False, True]
     nan = caps[0]["out"].clone()
     nan[0, 0, 0] = float("nan")
     assert not cc.check_rank_captures([{**caps[0], "out": nan}])["pass"]
@@ -145,3 +149,16 @@ def test_debug_record_keeps_copies_of_cpu_buffers_the_next_step_overwrites():
     assert all(torch.equal(debug.captures[0][name], kept[name]) for name in kept)
     assert debug.captures[0]["k_cache"] is cache  # the cache is referenced: pages are append-only
     debug.clear()
+
+
+def test_rank_capture_clear_drops_warmup_captures_before_the_request():
+    from locks_toolkit.harness import ranks
+
+    debug.clear()
+    cache = torch.zeros(2, 16, 1, 4)
+    for _ in range(3):
+        debug.record("model.layers.0.self_attn.attn", torch.zeros(1, 1, 4), torch.zeros(1, 1, dtype=torch.int32),
+                     torch.tensor([3], dtype=torch.int32), torch.zeros(1, 1, 1, dtype=torch.int32), torch.zeros(1, 1, 4),
+                     cache, cache, 0.5)
+    assert ranks.rank_capture_clear(worker=None) == 3 and debug.captures == []
+    assert ranks.rank_capture_clear(worker=None) == 0

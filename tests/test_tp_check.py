@@ -149,6 +149,14 @@ def test_capture_comparison_lines_up_rank_heads_and_fails_when_two_ranks_swap():
     assert bad["mean_page_overlap"] < 0.8 and bad["identical_fraction"] == 0.0 and bad["max_abs_dq"] > 0.1
     passed, why = tc.judge_captures(runs, captures, bad, 0.95)
     assert not passed and "overlap" in why
+    # a warm-up batch captured before the request (seq_len 3, below the prompt) is never compared
+    warm = json.loads(json.dumps(other))
+    for result in warm["captures"]:
+        result["steps"].insert(0, {"index": -1, "seq_lens": [3], "selected": [[[0]] * 2], "q": result["steps"][0]["q"]})
+    warm_ref = json.loads(json.dumps(ref))
+    warm_ref["captures"][0]["steps"].insert(0, {"index": -1, "seq_lens": [3], "selected": [[[0]] * 4],
+                                                "q": warm_ref["captures"][0]["steps"][0]["q"]})
+    assert tp_captures.compare_captures(warm_ref, warm, context=1000)["compared_steps"] == [0, 1, 2, 3, 4]
     # one page flipped in one (step, head) selection: 5/6 there, mean just below 1
     flipped = json.loads(json.dumps(other))
     pages = flipped["captures"][1]["steps"][2]["selected"][0][0]
@@ -218,6 +226,7 @@ def test_whole_check_on_the_cpu_engines_tp1_vs_tp2(tmp_path):
     assert json.loads(out.read_text().splitlines()[-1])["passed"] is True
     # captures (default: layer 0, eager sparse engines): every rank of both runs checked and passing
     assert record["decided_by"] == "captures" and record["runs"]["locks-cpu/tp2"]["graph_mode"] == "eager"
+    assert record["runs"]["locks-cpu/tp2"]["warmup_captures_dropped"] == [0, 0]  # the CPU engine warms up no decode
     assert record["runs"]["cpu/tp2"]["graph_mode"] == "eager"  # the dense arm keeps the config's mode
     for key, ranks in (("locks-cpu/tp1", [0]), ("locks-cpu/tp2", [0, 1])):
         results = record["captures"][key]

@@ -3,7 +3,9 @@ metadata building and the impl's decode path (engine end to end: test_vllm_backe
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -191,6 +193,30 @@ def test_builder_splits_rows_and_finds_the_pages_that_complete(model_dir, builde
     layers = len(LAYERS)
     assert counts["sparse_decode_rows"] == layers * 1 and counts["dense_fallback_rows"] == layers * 2
     assert counts["prefill_rows"] == layers * 1 and counts["summaries_built"] == layers * (1 + 3)
+
+
+def test_row_plan_matches_a_row_by_row_count_on_random_batches():
+    import random
+
+    from locks_toolkit.kernels.vllm_backend.core import RowPlan
+
+    rng = random.Random(5)
+    for _ in range(200):
+        decodes, prefills, budget = rng.randint(0, 6), rng.randint(0, 3), rng.choice([2, 4, 64])
+        query_lens = [rng.choice([0, 1, 1, 1]) for _ in range(decodes)] + [rng.randint(2, 40) for _ in range(prefills)]
+        seq_lens = [0 if q == 0 else rng.choice([rng.randint(q, 2000), 16 * rng.randint(1, 9) + 1]) for q in query_lens]
+        if not query_lens:
+            continue
+        starts = torch.tensor([0] + list(itertools.accumulate(query_lens)), dtype=torch.int32)
+        plan = RowPlan.of(starts, torch.tensor(seq_lens, dtype=torch.int32), len(query_lens), budget)
+        live = [n for q, n in zip(query_lens[:decodes], seq_lens[:decodes]) if q > 0]
+        assert plan.num_decodes == decodes and plan.live_decodes == len(live)
+        assert plan.dense == sum(math.ceil(n / PAGE) <= budget for n in live)
+        assert plan.completed_before == sum(n > PAGE and (n - 1) % PAGE == 0 for n in live)
+        assert plan.query_lens.tolist() == query_lens and plan.seq_lens.tolist() == seq_lens
+    # the CPU tensors may be longer than the batch (vLLM's persistent buffers): only num_reqs rows count
+    padded = RowPlan.of(torch.tensor([0, 1, 2, 50, 60], dtype=torch.int32), torch.tensor([33, 17, 900, 5], dtype=torch.int32), 2, 4)
+    assert (padded.num_decodes, padded.live_decodes, padded.completed_before, padded.dense) == (2, 2, 2, 2)
 
 
 def test_builder_for_a_sliding_window_group_runs_stock_attention_and_counts_it(model_dir):

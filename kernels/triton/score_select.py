@@ -58,9 +58,11 @@ class ScoreTuning:
     # True: selection in two launches (keys, then one program per (sequence, KV head): topk.py's row
     # path) instead of four; fewer dependent launches, less parallel passes. Untimed on the H200.
     row_select: bool = False
-    # Chunks per (sequence, KV head) at most. 64 is what was measured (bs1 then fills 256 of the 528
-    # program slots); up to MAX_CHUNKS fills them all at bs1: the sweep's variant, not yet timed.
-    max_chunks: int = 64
+    # Chunks per (sequence, KV head) at most. At 64 a bs1 launch (4 KV heads) filled 256 of the 528
+    # program slots; ncu on the H200 (2026-11-29, 128K bs1) saw 0.5 waves, 1.9 active warps per
+    # scheduler and an issue every 3.2 cycles: the kernel waits on loads with too few warps to hide
+    # them, so the default fills every slot (the grid is still capped at slots // pairs).
+    max_chunks: int = MAX_CHUNKS
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_chunks <= MAX_CHUNKS:

@@ -105,12 +105,13 @@ def selection_faults(selected: torch.Tensor, seq_lens: Sequence[int]) -> list[st
     return faults
 
 
-def _step_detail(index: int, cap: dict) -> dict:
-    """One capture as plain lists: seq_lens [S], selected [S][Hkv][pages ascending], q [S][Hq][d]."""
+def _step_detail(index: int, cap: dict, excess: float) -> dict:
+    """One capture as plain lists: seq_lens [S], selected [S][Hkv][pages ascending], q [S][Hq][d], and
+    its excess error (so a failing record names the step)."""
     selected = [[sorted(p for p in head if p != -1) for head in row] for row in cap["selected_pages"].tolist()]
     q = cap["q"].float()
     return {"index": index, "layer": cap["layer"], "seq_lens": cap["seq_lens"].tolist(), "selected": selected,
-            "q": q.tolist(), "q_abs_max": q.abs().max().item() if q.numel() else 0.0}
+            "q": q.tolist(), "q_abs_max": q.abs().max().item() if q.numel() else 0.0, "excess_error": excess}
 
 
 def check_rank_captures(captures: Sequence[dict] | None = None, detail_layer: int | None = 0,
@@ -136,7 +137,7 @@ def check_rank_captures(captures: Sequence[dict] | None = None, detail_layer: in
         worst_abs = max(worst_abs, (out - ref).abs().max().item() if out.numel() else 0.0)
         faults += [f"{cap['layer']}: {fault}" for fault in selection_faults(cap["selected_pages"], cap["seq_lens"].tolist())]
         if detail_layer is not None and debug.layer_index(cap["layer"]) == detail_layer:
-            steps.append(_step_detail(len(steps), cap))
+            steps.append(_step_detail(len(steps), cap, err))
     return {
         "captures": len(captures),
         "layers": sorted({debug.layer_index(cap["layer"]) for cap in captures}),
