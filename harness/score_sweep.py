@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 VARIANTS = (
     DEFAULT_TUNING,  # 4 warps, 128 registers, up to 128 chunks (every program slot at bs1)
     ScoreTuning(max_chunks=64),  # the default measured in sessions 1-3 (docs/results/score-sweep-h200-s3.md)
+    ScoreTuning(select_chunks=32),  # selection's last pass is O(chunks + k): fewer chunks, less of it
     # int4 basis read as 32-bit words, two codes per operation: 1679 vs 1802 SASS per tile (aot.py);
     # H200 s4 at 64 chunks: 57.0 vs 57.1 us at 128K bs1, 343.6 vs 345.7 at bs8 (no gain worth a path)
     ScoreTuning(word_nibbles=True),
@@ -66,7 +67,8 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
         try:
             chunks = ops._launch_score(q, state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
             selected = torch.empty((batch, geom.num_kv_heads, k_pages), dtype=torch.int32, device="cuda")
-            ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning.row_select)
+            ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning.row_select,
+                               tuning.select_chunks)
             if reference is None:
                 reference = selected.clone()
             row["same_selection"] = bool(torch.equal(selected, reference))
@@ -76,9 +78,10 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                 for rows in state.rows:
                     ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
 
-            def select(chunks=chunks, selected=selected, row_select=tuning.row_select):
+            def select(chunks=chunks, selected=selected, tuning=tuning):
                 for _ in state.rows:
-                    ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, row_select)
+                    ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages,
+                                       tuning.row_select, tuning.select_chunks)
 
             timing = _time_graph(score, replays, state.copies)
             row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok", flat=flat,

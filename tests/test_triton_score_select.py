@@ -135,6 +135,15 @@ def test_row_select_path_matches_reference(device, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [MANY_PAGES_CASE, SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.combine}-n{sum(c.seq_lens)}")
+def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case):
+    """The score grid's chunk normalizers are merged in full when the selection runs over fewer chunks
+    (the production default at bs1 on the H200: 128 score chunks, 64 selection chunks)."""
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_chunks=3))
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_both_select_paths_leave_the_workspace_for_each_other(device):
     """The paths share one workspace: each must leave its histograms zeroed for the other's next call
     (a stale histogram shifts the next threshold bin and changes the selection)."""

@@ -35,7 +35,7 @@ SM90 = GPUTarget("cuda", 90, 32)
 PRODUCTION_HINTS: dict[str, dict[str, int]] = {
     "_build_kernel": {"s_blk": 16, "s_tok": 16, "s_head": 16, "s_dim": 1, "row_bytes": 16},
     "_score_kernel": {"s_qs": 16, "s_qh": 16, "s_bt": 16, "row_bytes": 16, "max_pages": 16, "num_chunks": 16},
-    "_keys_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
+    "_keys_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16, "num_score_chunks": 16},
     "_gather_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
     "_resolve_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
     "_finalize_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},

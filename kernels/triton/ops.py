@@ -187,7 +187,7 @@ def score_select(
           f"S*Hkv={num_seqs * num_kv_heads}, max_pages={block_table.shape[1]}, G={group} (slots: a power of two >= G); "
           "rebuild it with score_select_workspace(max_num_seqs, Hkv, max_pages, device, group_size=G)")
     chunks = _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning)
-    _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, tuning.row_select)
+    _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, tuning.row_select, tuning.select_chunks)
 
 
 def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning=_ss.DEFAULT_TUNING) -> int:
@@ -213,15 +213,17 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     return chunks
 
 
-def _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, row_select: bool = False) -> None:
-    """Kernels 2-5 of score_select, or 2 and the row kernel (arguments already checked; topk.py). The
-    kernel bench times them alone."""
+def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget, row_select: bool = False,
+                   select_chunks: int = _ss.SELECT_CHUNKS) -> None:
+    """Kernels 2-5 of score_select, or 2 and the row kernel (arguments already checked; topk.py), over
+    min(score_chunks, select_chunks) chunks per pair. The kernel bench times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
+    chunks = max(1, min(score_chunks, select_chunks))
     common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS)
     sizes = (num_kv_heads, ws.max_pages, chunks, page_budget)
     _sel._keys_kernel[(pairs, chunks)](
-        ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, seq_lens, *sizes,
+        ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, seq_lens, *sizes, score_chunks,
         G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
         STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common,
     )

@@ -34,6 +34,10 @@ from ._common import mm
 # tile's loads and barriers; reaching the floor needs a few hundred instructions per tile.
 P_TILE = 16  # pages per tile: the N of every tl.dot
 MAX_CHUNKS = 128  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
+# Selection chunks per pair at most (topk.py kernels 2-5). Its last pass is O(chunks + k): on the H200
+# (2026-11-29, 128K bs1) selection took 26 us over 64 chunks and 37 us over 128, so it keeps 64 while the
+# score grid fills every program slot.
+SELECT_CHUNKS = 64
 SCORE_WARPS = 4
 SCORE_MAXNREG = 128  # r8i4, G=8, d=128: no spill at 4 warps (aot.py); 96 spills, uncapped is 1 program/SM
 # Programs do equal work, so the launch fills at most one wave (2.06 waves take 3 waves' time, one
@@ -63,10 +67,12 @@ class ScoreTuning:
     # scheduler and an issue every 3.2 cycles: the kernel waits on loads with too few warps to hide
     # them, so the default fills every slot (the grid is still capped at slots // pairs).
     max_chunks: int = MAX_CHUNKS
+    select_chunks: int = SELECT_CHUNKS  # chunks of the selection kernels at most (<= the score grid's)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.max_chunks <= MAX_CHUNKS:
-            raise ValueError(f"max_chunks {self.max_chunks} must be in 1..{MAX_CHUNKS} (the workspace capacity)")
+        for name in ("max_chunks", "select_chunks"):
+            if not 1 <= getattr(self, name) <= MAX_CHUNKS:
+                raise ValueError(f"{name} {getattr(self, name)} must be in 1..{MAX_CHUNKS} (the workspace capacity)")
 
     @property
     def programs_per_sm(self) -> int:

@@ -91,18 +91,21 @@ def _chunk_range(num_pages, chunk, num_chunks):
 @triton.jit
 def _keys_kernel(
     scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, seq_lens_ptr,
-    num_kv_heads, max_pages, num_chunks, K,
+    num_kv_heads, max_pages, num_chunks, K, num_score_chunks,
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
 ):
-    """Group key of every contested page as a 23-bit fixed-point log share, plus its top-digit histogram."""
+    """Group key of every contested page as a 23-bit fixed-point log share, plus its top-digit histogram.
+
+    The normalizers come from the score kernel's `num_score_chunks` chunks; this kernel's own page
+    ranges (and every later kernel's) are `num_chunks` selection chunks, which may be fewer."""
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         g = tl.arange(0, GS)
         gm = g < G
         ch = tl.arange(0, MAXC)
         part = (pair * MAXC + ch[:, None]) * GS + g[None, :]
-        cmask = (ch[:, None] < num_chunks) & gm[None, :]
+        cmask = (ch[:, None] < num_score_chunks) & gm[None, :]
         c_max = tl.load(chunk_max_ptr + part, mask=cmask, other=float("-inf"))
         c_sum = tl.load(chunk_sum_ptr + part, mask=cmask, other=0.0)
         top = tl.max(c_max, axis=0)
