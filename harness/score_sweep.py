@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 VARIANTS = (
     DEFAULT_TUNING,  # 4 warps, 128 registers, up to 128 chunks (every program slot at bs1)
     ScoreTuning(max_chunks=64),  # the default measured in sessions 1-3 (docs/results/score-sweep-h200-s3.md)
-    ScoreTuning(select_chunks=32),  # selection's last pass is O(chunks + k): fewer chunks, less of it
+    ScoreTuning(coarse_pick=False),  # every threshold pick scans all 8192 histogram counts (sessions 1-3)
+    ScoreTuning(select_chunks=32),  # fewer selection programs, each scanning more pages
+    ScoreTuning(select_chunks=128),
     # int4 basis read as 32-bit words, two codes per operation: 1679 vs 1802 SASS per tile (aot.py);
     # H200 s4 at 64 chunks: 57.0 vs 57.1 us at 128K bs1, 343.6 vs 345.7 at bs8 (no gain worth a path)
     ScoreTuning(word_nibbles=True),
@@ -67,8 +69,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
         try:
             chunks = ops._launch_score(q, state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
             selected = torch.empty((batch, geom.num_kv_heads, k_pages), dtype=torch.int32, device="cuda")
-            ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning.row_select,
-                               tuning.select_chunks)
+            ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
             if reference is None:
                 reference = selected.clone()
             row["same_selection"] = bool(torch.equal(selected, reference))
@@ -80,8 +81,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
 
             def select(chunks=chunks, selected=selected, tuning=tuning):
                 for _ in state.rows:
-                    ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages,
-                                       tuning.row_select, tuning.select_chunks)
+                    ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
 
             timing = _time_graph(score, replays, state.copies)
             row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok", flat=flat,
@@ -116,13 +116,18 @@ def _nibble_path(tuning: dict) -> str:
     return "mantissa" if tuning["mantissa_nibbles"] else "i2f"
 
 
+def _select_path(tuning: dict) -> str:
+    path = "row (2 launches)" if tuning.get("row_select") else f"4 launches, ≤ {tuning.get('select_chunks', 64)} chunks"
+    return path + ("" if tuning.get("coarse_pick", False) else ", full-scan pick")
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| context | bs | warps | maxnreg | tile | stages | nibbles | select path | chunks | score µs | select µs | same selection |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tuning"]
         head = (f"| {format_size(r['context_tokens'])} | {r['batch_size']} | {t['warps']} | {t['maxnreg']} | {t['tile']} "
-                f"| {t['stages']} | {_nibble_path(t)} | {'row (2 launches)' if t.get('row_select') else '4 launches'} ")
+                f"| {t['stages']} | {_nibble_path(t)} | {_select_path(t)} ")
         if r["status"] != "ok":
             lines.append(head + f"| — | {r['status']}: {r['reason'][:60]} | — | — |")
         else:

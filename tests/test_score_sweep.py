@@ -37,3 +37,19 @@ def test_selection_audit_accepts_the_kernel_and_catches_a_wrong_page(device):
     selected[1, 0, 2] = min(contested)  # a page that was not chosen
     problem = selection_problems(selected, ws.keys, seq_len, k)
     assert problem is not None and "1/4 pairs" in problem
+
+
+def test_markdown_names_each_variants_selection_path():
+    from dataclasses import asdict
+
+    from locks_toolkit.harness.score_sweep import markdown
+    from locks_toolkit.kernels.triton.score_select import ScoreTuning
+
+    def row(tuning):
+        return {"tuning": asdict(tuning), "context_tokens": 131072, "batch_size": 1, "status": "ok", "chunks": 128,
+                "mean_us": 46.7, "sd_us": 0.2, "select_us": 20.0, "same_selection": True, "selection_problems": None}
+
+    table = markdown([row(ScoreTuning()), row(ScoreTuning(coarse_pick=False, select_chunks=32)), row(ScoreTuning(row_select=True))])
+    body = table.splitlines()[2:]
+    assert "4 launches, ≤ 64 chunks |" in body[0] and "≤ 32 chunks, full-scan pick" in body[1]
+    assert "row (2 launches) |" in body[2] and all("| 46.7 ± 0.2 | 20.0 | True (ok) |" in line for line in body)

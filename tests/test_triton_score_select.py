@@ -136,10 +136,12 @@ def test_row_select_path_matches_reference(device, case):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", [MANY_PAGES_CASE, SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.combine}-n{sum(c.seq_lens)}")
-def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case):
+@pytest.mark.parametrize("coarse_pick", [True, False])
+def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case, coarse_pick):
     """The score grid's chunk normalizers are merged in full when the selection runs over fewer chunks
-    (the production default at bs1 on the H200: 128 score chunks, 64 selection chunks)."""
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_chunks=3))
+    (the production default at bs1 on the H200: 128 score chunks, 64 selection chunks); both threshold
+    picks (coarse + fine counts, or every count) select the same pages."""
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_chunks=3, coarse_pick=coarse_pick))
     assert result.ok, str(result)
 
 
@@ -164,7 +166,8 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     q = torch.randn((seqs, hkv * group, d), generator=gen).to(device)
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     picks = []
-    for tuning in (ScoreTuning(row_select=True), ScoreTuning(), ScoreTuning(row_select=True), ScoreTuning()):
+    for tuning in (ScoreTuning(row_select=True), ScoreTuning(), ScoreTuning(row_select=True, coarse_pick=False),
+                   ScoreTuning(coarse_pick=False), ScoreTuning()):
         selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
         ops.score_select(q, rows, table, lens, selected, layout, k, d**-0.5, workspace=ws, tuning=tuning)
         picks.append(selected.cpu())

@@ -141,7 +141,7 @@ def score_select_workspace(
         chunk_max=torch.empty((pairs, _ss.MAX_CHUNKS, slots), dtype=torch.float32, device=device),
         chunk_sum=torch.empty((pairs, _ss.MAX_CHUNKS, slots), dtype=torch.float32, device=device),
         keys=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
-        hist=torch.zeros((pairs, _sel.HIST_BINS), dtype=torch.int32, device=device),  # kept zero between calls
+        hist=torch.zeros((pairs, _sel.HIST_ROW), dtype=torch.int32, device=device),  # kept zero between calls
         low_hist=torch.zeros((pairs, 1 << _sel.LOW_BITS), dtype=torch.int32, device=device),  # kept zero between calls
         cand_low=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
         cand_page=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
@@ -187,7 +187,7 @@ def score_select(
           f"S*Hkv={num_seqs * num_kv_heads}, max_pages={block_table.shape[1]}, G={group} (slots: a power of two >= G); "
           "rebuild it with score_select_workspace(max_num_seqs, Hkv, max_pages, device, group_size=G)")
     chunks = _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning)
-    _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, tuning.row_select, tuning.select_chunks)
+    _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, tuning)
 
 
 def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning=_ss.DEFAULT_TUNING) -> int:
@@ -213,13 +213,15 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     return chunks
 
 
-def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget, row_select: bool = False,
-                   select_chunks: int = _ss.SELECT_CHUNKS) -> None:
-    """Kernels 2-5 of score_select, or 2 and the row kernel (arguments already checked; topk.py), over
-    min(score_chunks, select_chunks) chunks per pair. The kernel bench times them alone."""
+def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget,
+                   tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING) -> None:
+    """Kernels 2-5 of score_select, or 2 and the row kernel (`tuning.row_select`; arguments already
+    checked; topk.py), over min(score_chunks, tuning.select_chunks) chunks per pair. The kernel bench
+    times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
-    chunks = max(1, min(score_chunks, select_chunks))
+    chunks = max(1, min(score_chunks, tuning.select_chunks))
+    pick = dict(COARSE_PICK=tuning.coarse_pick)
     common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS)
     sizes = (num_kv_heads, ws.max_pages, chunks, page_budget)
     _sel._keys_kernel[(pairs, chunks)](
@@ -227,24 +229,24 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
         G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
         STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common,
     )
-    if row_select:
+    if tuning.row_select:
         _sel._row_select_kernel[(pairs,)](
             ws.keys, ws.hist, seq_lens, selected_pages, num_kv_heads, ws.max_pages, page_budget,
             B=PAGE_SIZE, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS, BLOCK=_sel.ROW_BLOCK,
-            K_PAD=next_pow2(page_budget), num_warps=_sel.ROW_WARPS,
+            K_PAD=next_pow2(page_budget), num_warps=_sel.ROW_WARPS, **pick,
         )
         return
     _sel._gather_kernel[(pairs, chunks)](
         ws.keys, ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
-        BLOCK=_sel.KEYS_BLOCK, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common,
+        BLOCK=_sel.KEYS_BLOCK, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common, **pick,
     )
     _sel._resolve_kernel[(pairs, chunks)](
         ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
-        BLOCK=_sel.KEYS_BLOCK, num_warps=_sel.KEYS_WARPS, **common,
+        BLOCK=_sel.KEYS_BLOCK, num_warps=_sel.KEYS_WARPS, **common, **pick,
     )
     _sel._finalize_kernel[(pairs,)](
         ws.hist, ws.low_hist, ws.counts, ws.cand_page, seq_lens, selected_pages, *sizes,
-        K_PAD=next_pow2(page_budget), num_warps=_sel.FINAL_WARPS, **common,
+        K_PAD=next_pow2(page_budget), num_warps=_sel.FINAL_WARPS, **common, **pick,
     )
 
 

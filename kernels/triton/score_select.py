@@ -68,6 +68,8 @@ class ScoreTuning:
     # them, so the default fills every slot (the grid is still capped at slots // pairs).
     max_chunks: int = MAX_CHUNKS
     select_chunks: int = SELECT_CHUNKS  # chunks of the selection kernels at most (<= the score grid's)
+    # True: threshold picks read 64 coarse + 128 fine histogram counts (topk.py); False: all 8192.
+    coarse_pick: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_chunks", "select_chunks"):
@@ -94,7 +96,7 @@ def word_decode_fits(basis_bits: int, head_dim: int, row_bytes: int, basis_offse
 class ScoreSelectWorkspace:
     """Scratch of score_select (R = max_num_seqs * num_kv_heads, GS = next_pow2(G), C = MAX_CHUNKS):
     scores [R, maxP, GS] fp32, chunk_max/chunk_sum [R, C, GS] fp32, keys/cand_low/cand_page [R, maxP]
-    int32, hist [R, 8192] and low_hist [R, 1024] int32 and counts [R, 2C + 1] int32 (the histograms
+    int32, hist [R, 8192 + 64] (fine counts, then coarse ones; topk.py) and low_hist [R, 1024] int32 and counts [R, 2C + 1] int32 (the histograms
     and counts[:, C] must start zeroed; every call leaves them zeroed. counts[:, :C] candidates and
     counts[:, C+1:] ties per chunk are rewritten by every call; counts[:, C] is the output slot counter)."""
 

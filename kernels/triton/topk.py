@@ -44,6 +44,12 @@ FINAL_WARPS = 8  # its [k, chunks] tie lookup is 16K elements: 4 warps sat at 25
 ROW_BLOCK = 2048  # pages per iteration of the row kernel: 8 keys per thread at 8 warps
 ROW_WARPS = 8
 HIST_BINS = 8192  # top 13 of the 23 key bits
+# Each pair's histogram row also holds COARSE_BINS counts of the digits' top 6 bits (after the 8192),
+# so a threshold pick reads 64 + 128 counts instead of scanning 8192: the gather, resolve and finalize
+# programs each repeated that scan (H200: ~5-8 us per launch at 128K bs1, growing with the chunk count).
+COARSE_BINS = 64
+HIST_ROW = HIST_BINS + COARSE_BINS
+_COARSE = tl.constexpr(COARSE_BINS)
 LOW_BITS = 10  # resolved by the second histogram
 KEY_STEPS_PER_UNIT = 1 << 17  # fixed-point steps per unit of log share
 AGG_WINDOW = 64  # digit span below which a block counts locally before its atomics
@@ -58,6 +64,21 @@ def _pick_bin(hist, need, NB: tl.constexpr):
     b = tl.max(tl.where(at_least >= need, bins, -1), axis=0)
     above = tl.sum(tl.where(bins == b, at_least - hist, 0), axis=0)
     return b, need - above
+
+
+@triton.jit
+def _pick_top_bin(row_ptr, need, NB: tl.constexpr, COARSE_PICK: tl.constexpr):
+    """`_pick_bin` of the NB-bin histogram at row_ptr. COARSE_PICK: from its coarse counts (at row_ptr +
+    NB, _COARSE bins of NB / _COARSE digits each) and the fine counts of one coarse bin (192 counts read
+    instead of NB, one more dependent load); else from all NB counts."""
+    if COARSE_PICK:
+        FINE: tl.constexpr = NB // _COARSE
+        coarse_bin, need_in_bin = _pick_bin(tl.load(row_ptr + NB + tl.arange(0, _COARSE)), need, _COARSE)
+        fine_bin, rest = _pick_bin(tl.load(row_ptr + coarse_bin * FINE + tl.arange(0, FINE)), need_in_bin, FINE)
+        picked = coarse_bin * FINE + fine_bin
+    else:
+        picked, rest = _pick_bin(tl.load(row_ptr + tl.arange(0, NB)), need, NB)
+    return picked, rest
 
 
 @triton.jit
@@ -147,7 +168,10 @@ def _keys_kernel(
             fixed = (key * STEPS).to(tl.int32) + 64 * STEPS  # 0 = share <= e^-64
             fixed = tl.minimum(fixed, 64 * STEPS - 1)
             tl.store(keys_ptr + pair.to(tl.int64) * max_pages + page, fixed, mask=pm)
-            _add_to_histogram(hist_ptr + pair * NBINS, fixed >> LOW_BITS, pm, WINDOW, NBINS)
+            digit = fixed >> LOW_BITS
+            hist_row = hist_ptr + pair * (NBINS + _COARSE)
+            _add_to_histogram(hist_row, digit, pm, WINDOW, NBINS)
+            _add_to_histogram(hist_row + NBINS, digit // (NBINS // _COARSE), pm, _COARSE, _COARSE)
 
 
 @triton.jit
@@ -155,12 +179,12 @@ def _gather_kernel(
     keys_ptr, hist_ptr, low_hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
-    WINDOW: tl.constexpr,
+    WINDOW: tl.constexpr, COARSE_PICK: tl.constexpr = True,
 ):
     """Pages above the threshold bin go to the output; pages inside it become the chunk's candidates."""
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
-        b1, _ = _pick_bin(tl.load(hist_ptr + pair * NBINS + tl.arange(0, NBINS)), K - 2, NBINS)
+        b1, _ = _pick_top_bin(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
         first, last = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages
         out_row = out_ptr + pair.to(tl.int64) * K
@@ -191,11 +215,12 @@ def _resolve_kernel(
     hist_ptr, low_hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
+    COARSE_PICK: tl.constexpr = True,
 ):
     """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list."""
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
-        _, need = _pick_bin(tl.load(hist_ptr + pair * NBINS + tl.arange(0, NBINS)), K - 2, NBINS)
+        _, need = _pick_top_bin(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
         b2, _ = _pick_bin(tl.load(low_hist_ptr + pair * (1 << LOW_BITS) + tl.arange(0, 1 << LOW_BITS)), need, 1 << LOW_BITS)
         first, _ = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages + first
@@ -237,10 +262,21 @@ def _take_histogram(row_ptr, NB: tl.constexpr):
 
 
 @triton.jit
+def _take_top_pick(row_ptr, need, NB: tl.constexpr, COARSE_PICK: tl.constexpr):
+    """`_pick_top_bin` of a pair's histogram row, which is then left zeroed (fine and coarse counts)."""
+    picked, rest = _pick_top_bin(row_ptr, need, NB, COARSE_PICK)
+    tl.debug_barrier()  # every lane has read its counts before any lane zeroes them
+    tl.store(row_ptr + tl.arange(0, NB), tl.zeros([NB], tl.int32))
+    tl.store(row_ptr + NB + tl.arange(0, _COARSE), tl.zeros([_COARSE], tl.int32))
+    return picked, rest
+
+
+@triton.jit
 def _finalize_kernel(
     hist_ptr, low_hist_ptr, counts_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr,
+    COARSE_PICK: tl.constexpr = True,
 ):
     """The first `need` ties in page order + sink + recent, ascending; resets the scratch for the next call."""
     pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
@@ -249,9 +285,8 @@ def _finalize_kernel(
     if num_pages <= K:
         _every_page(out_row, slot, num_pages, K)
     else:
-        hist = _take_histogram(hist_ptr + pair * NBINS, NBINS)
+        _, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
         low_hist = _take_histogram(low_hist_ptr + pair * (1 << LOW_BITS), 1 << LOW_BITS)
-        _, need = _pick_bin(hist, K - 2, NBINS)
         _, need = _pick_bin(low_hist, need, 1 << LOW_BITS)
         count_row = counts_ptr + pair * (2 * MAXC + 1)
         n_above = tl.load(count_row + MAXC)
@@ -280,6 +315,7 @@ def _row_select_kernel(
     keys_ptr, hist_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, K,
     B: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, BLOCK: tl.constexpr, K_PAD: tl.constexpr,
+    COARSE_PICK: tl.constexpr = True,
 ):
     """Top-(k-2) of one pair's keys after `_keys_kernel`: sink, pages in page order, recent; resets the histogram."""
     pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
@@ -288,7 +324,7 @@ def _row_select_kernel(
     if num_pages <= K:
         _every_page(out_row, slot, num_pages, K)
     else:
-        b1, need = _pick_bin(_take_histogram(hist_ptr + pair * NBINS, NBINS), K - 2, NBINS)
+        b1, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
         row = keys_ptr + pair.to(tl.int64) * max_pages
         recent = num_pages - 1
         low_hist = tl.zeros([1 << LOW_BITS], tl.int32)
