@@ -42,6 +42,8 @@ VARIANTS = (
     # selection in 2 launches instead of 4 (topk.py row path); H200 s4: 18.2 vs 25.5 us at 32K bs1,
     # 45.8 vs 26.0 at 128K (one program streams all keys twice)
     ScoreTuning(row_select=True),
+    ScoreTuning(coef_vector=True),  # fewer, wider coefficient loads (ncu s4: 68% of global sectors excessive)
+    ScoreTuning(coef_vector=True, word_nibbles=True),
     ScoreTuning(warps=8),  # the default of session 1
     # No 2-warp or < 128-register variants: sm_90 compiles of them spill (aot.py; 848 B at 2 x 128).
     ScoreTuning(warps=4, maxnreg=None),

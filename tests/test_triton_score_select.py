@@ -113,6 +113,15 @@ def test_word_decode_path_matches_reference(device, case, q_dtype):
     assert result.ok, str(result)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [SELECT_CASES[0], SELECT_CASES[2], SELECT_CASES[4], SELECT_CASES[10]],
+                         ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}")
+def test_vector_coefficient_loads_match_reference(device, case):
+    """The scorer's vector coefficient path (a ScoreTuning variant) on int4, int8 and fp16 formats, ranks 2-8."""
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(coef_vector=True))
+    assert result.ok, str(result)
+
+
 def test_word_decode_fits_only_whole_words_and_dot_sized_k():
     assert word_decode_fits(4, 128, 832, 160) and word_decode_fits(4, 256, 1600, 288)
     assert not word_decode_fits(8, 128, 832, 160)  # int8 basis: no nibbles
