@@ -31,25 +31,26 @@ SCHEMA_SCORE_SWEEP = "locks.score_sweep/1"
 log = logging.getLogger(__name__)
 
 VARIANTS = (
-    DEFAULT_TUNING,  # 4 warps, 128 registers, up to 128 chunks (every program slot at bs1)
-    ScoreTuning(max_chunks=64),  # the default measured in sessions 1-3 (docs/results/score-sweep-h200-s3.md)
-    ScoreTuning(coarse_pick=False),  # every threshold pick scans all 8192 histogram counts (sessions 1-3)
-    ScoreTuning(select_chunks=32),  # fewer selection programs, each scanning more pages
-    ScoreTuning(select_chunks=128),
-    # int4 basis read as 32-bit words, two codes per operation: 1679 vs 1802 SASS per tile (aot.py);
-    # H200 s4 at 64 chunks: 57.0 vs 57.1 us at 128K bs1, 343.6 vs 345.7 at bs8 (no gain worth a path)
-    ScoreTuning(word_nibbles=True),
-    # selection in 2 launches instead of 4 (topk.py row path); H200 s4: 18.2 vs 25.5 us at 32K bs1,
-    # 45.8 vs 26.0 at 128K (one program streams all keys twice)
+    # 128 score chunks (every program slot at bs1), <= 32 selection chunks with coarse threshold picks,
+    # 32-bit-word int4 decode, one vector load per token's coefficients (H200 sweeps of 2026-11-29 s4)
+    DEFAULT_TUNING,
+    ScoreTuning(word_nibbles=False, coef_vector=False, select_chunks=64),  # s4's first step: the grid only
+    # the default of sessions 1-3 (docs/results/score-sweep-h200-s3.md)
+    ScoreTuning(max_chunks=64, select_chunks=64, coarse_pick=False, word_nibbles=False, coef_vector=False),
+    ScoreTuning(coarse_pick=False),  # every threshold pick scans all 8192 histogram counts
+    ScoreTuning(select_chunks=64),
+    ScoreTuning(select_chunks=16),
+    ScoreTuning(word_nibbles=False),  # int4 codes decoded per byte
+    ScoreTuning(coef_vector=False),  # one load per coefficient
+    # selection in 2 launches instead of 4 (topk.py row path); H200 s4: 19.0 vs 21.3 us at 32K bs1,
+    # 46.5 vs 21.9 at 128K (one program streams all keys twice)
     ScoreTuning(row_select=True),
-    ScoreTuning(coef_vector=True),  # fewer, wider coefficient loads (ncu s4: 68% of global sectors excessive)
-    ScoreTuning(coef_vector=True, word_nibbles=True),
     ScoreTuning(warps=8),  # the default of session 1
     # No 2-warp or < 128-register variants: sm_90 compiles of them spill (aot.py; 848 B at 2 x 128).
-    ScoreTuning(warps=4, maxnreg=None),
-    ScoreTuning(warps=4, stages=2),
-    ScoreTuning(warps=4, mantissa_nibbles=False),
-    ScoreTuning(warps=4, tile=32),
+    ScoreTuning(maxnreg=None),
+    ScoreTuning(stages=2),
+    ScoreTuning(mantissa_nibbles=False, word_nibbles=False),  # int-to-float conversion of the codes
+    ScoreTuning(tile=32),
 )
 
 
@@ -113,9 +114,9 @@ def selection_problems(selected: torch.Tensor, keys: torch.Tensor, seq_len: int,
 
 
 def _nibble_path(tuning: dict) -> str:
-    if tuning.get("word_nibbles"):
-        return "words"
-    return "mantissa" if tuning["mantissa_nibbles"] else "i2f"
+    """How the tile is decoded: int4 codes (words / mantissa bytes / int-to-float), then '+vec' for vector coefficient loads."""
+    codes = "words" if tuning.get("word_nibbles") else "mantissa" if tuning["mantissa_nibbles"] else "i2f"
+    return codes + ("+vec" if tuning.get("coef_vector") else "")
 
 
 def _select_path(tuning: dict) -> str:
@@ -124,7 +125,7 @@ def _select_path(tuning: dict) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| context | bs | warps | maxnreg | tile | stages | nibbles | select path | chunks | score µs | select µs | same selection |",
+    lines = ["| context | bs | warps | maxnreg | tile | stages | decode | select path | chunks | score µs | select µs | same selection |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tuning"]

@@ -49,7 +49,9 @@ def test_markdown_names_each_variants_selection_path():
         return {"tuning": asdict(tuning), "context_tokens": 131072, "batch_size": 1, "status": "ok", "chunks": 128,
                 "mean_us": 46.7, "sd_us": 0.2, "select_us": 20.0, "same_selection": True, "selection_problems": None}
 
-    table = markdown([row(ScoreTuning()), row(ScoreTuning(coarse_pick=False, select_chunks=32)), row(ScoreTuning(row_select=True))])
+    table = markdown([row(ScoreTuning()), row(ScoreTuning(coarse_pick=False, select_chunks=16, coef_vector=False)),
+                      row(ScoreTuning(row_select=True, word_nibbles=False))])
     body = table.splitlines()[2:]
-    assert "4 launches, ≤ 64 chunks |" in body[0] and "≤ 32 chunks, full-scan pick" in body[1]
-    assert "row (2 launches) |" in body[2] and all("| 46.7 ± 0.2 | 20.0 | True (ok) |" in line for line in body)
+    assert f"| words+vec | 4 launches, ≤ {ScoreTuning().select_chunks} chunks |" in body[0]
+    assert "| words | 4 launches, ≤ 16 chunks, full-scan pick |" in body[1]
+    assert "| mantissa+vec | row (2 launches) |" in body[2] and all("| 46.7 ± 0.2 | 20.0 | True (ok) |" in line for line in body)

@@ -63,8 +63,8 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
                              "scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "scale": "fp32"},
          dict(G=group, G_DOT=g_dot, GS=gs, MAXC=_ss.MAX_CHUNKS, D=head_dim, D_PAD=head_dim, B=PAGE_SIZE, R=rc.rank,
               BITS=rc.basis_bits, COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
-              P=_ss.P_TILE, RP=next_pow2(rc.rank), FP32=rc.basis_bits == 16, STAGES=1, MANTISSA=True, WORDS=False,
-              COEF_VEC=False),
+              P=_ss.P_TILE, RP=next_pow2(rc.rank), FP32=rc.basis_bits == 16, STAGES=1, MANTISSA=True,
+              WORDS=_ss.DEFAULT_TUNING.word_nibbles, COEF_VEC=_ss.DEFAULT_TUNING.coef_vector),
          (_ss.SCORE_WARPS, _ss.SCORE_MAXNREG)),
         (_topk._keys_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "keys_ptr": "*i32",
                               "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},
@@ -78,7 +78,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
          dict(BLOCK=_topk.KEYS_BLOCK, COARSE_PICK=True, **select_common), _topk.KEYS_WARPS),
         (_topk._finalize_kernel, {"hist_ptr": "*i32", "low_hist_ptr": "*i32", "counts_ptr": "*i32", "cand_page_ptr": "*i32",
                                   "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
-         dict(K_PAD=next_pow2(page_budget), COARSE_PICK=True, **select_common), _topk.FINAL_WARPS),
+         dict(K_PAD=next_pow2(page_budget), COARSE_PICK=True, CHUNKS_PAD=_ss.SELECT_CHUNKS, **select_common), _topk.FINAL_WARPS),
         (_topk._row_select_kernel, {"keys_ptr": "*i32", "hist_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
          dict(B=PAGE_SIZE, NBINS=_topk.HIST_BINS, LOW_BITS=_topk.LOW_BITS, BLOCK=_topk.ROW_BLOCK,
               K_PAD=next_pow2(page_budget), COARSE_PICK=True), _topk.ROW_WARPS),
@@ -92,11 +92,12 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
 
 
 def _variants(**geometry) -> list[tuple[str, tuple]]:
-    """(name, spec): every production kernel, plus the score kernel's word-decode variant."""
+    """(name, spec): every production kernel, plus the score kernel's byte path (the default before
+    2026-11-29 s4: int4 codes decoded per byte, one load per coefficient)."""
     specs = _specs(**geometry)
     named = [(spec[0].__name__, spec) for spec in specs]
     fn, pointers, constexprs, warps = next(spec for spec in specs if spec[0] is _ss._score_kernel)
-    return named + [("_score_kernel[words]", (fn, pointers, {**constexprs, "WORDS": True}, warps))]
+    return named + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps))]
 
 
 def compile_kernel(fn, pointer_types: dict, constexprs: dict, warps, target: GPUTarget = SM90):
@@ -120,31 +121,32 @@ def _cuobjdump(kernel, flag: str) -> str:
         return subprocess.run([tool, flag, cubin.name], capture_output=True, text=True, check=True).stdout
 
 
-def loop_profile(sass: str) -> tuple[int, int]:
-    """(instructions, local-memory spill accesses) in the body of the kernel's largest loop, per thread
-    per iteration: the issue budget of an instruction-bound loop such as the scorer's tile loop."""
+def loop_profile(sass: str) -> tuple[int, int, int]:
+    """(instructions, local-memory spill accesses, global loads) in the body of the kernel's largest loop,
+    per thread per iteration: its issue budget and how many memory requests each iteration waits on."""
     lines = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = [(int(t[1], 16), addr) for addr, text in lines
              if (t := re.search(r"\bBRA\b[^`]*?0x([0-9a-f]+)", text)) and int(t[1], 16) < addr]
     if not loops:
-        return 0, 0
+        return 0, 0, 0
     first, last = max(loops, key=lambda span: span[1] - span[0])
     body = [text for addr, text in lines if first <= addr <= last]
-    return len(body), sum(bool(re.search(r"\b(STL|LDL)", text)) for text in body)
+    return (len(body), sum(bool(re.search(r"\b(STL|LDL)", text)) for text in body),
+            sum(bool(re.search(r"\bLDG", text)) for text in body))
 
 
 def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int]]:
     """Compile each kernel for `target`; returns {kernel: {"registers", "stack_bytes", "shared_bytes",
-    "loop_instructions", "loop_spill_accesses"}}."""
+    "loop_instructions", "loop_spill_accesses", "loop_global_loads"}}."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET to compile for the GPU (the interpreter replaces @triton.jit)")
     usage = {}
     for name, (fn, pointer_types, constexprs, warps) in _variants(**geometry):
         kernel = compile_kernel(fn, pointer_types, constexprs, warps, target)
         found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", _cuobjdump(kernel, "--dump-resource-usage"))
-        instructions, spills = loop_profile(_cuobjdump(kernel, "-sass"))
+        instructions, spills, loads = loop_profile(_cuobjdump(kernel, "-sass"))
         usage[name] = {"registers": int(found[1]), "stack_bytes": int(found[2]), "shared_bytes": kernel.metadata.shared,
-                       "loop_instructions": instructions, "loop_spill_accesses": spills}
+                       "loop_instructions": instructions, "loop_spill_accesses": spills, "loop_global_loads": loads}
     return usage
 
 

@@ -247,7 +247,7 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
     )
     _sel._finalize_kernel[(pairs,)](
         ws.hist, ws.low_hist, ws.counts, ws.cand_page, seq_lens, selected_pages, *sizes,
-        K_PAD=next_pow2(page_budget), num_warps=_sel.FINAL_WARPS, **common, **pick,
+        K_PAD=next_pow2(page_budget), CHUNKS_PAD=next_pow2(chunks), num_warps=_sel.FINAL_WARPS, **common, **pick,
     )
 
 

@@ -24,20 +24,21 @@ import triton.language as tl
 
 from ._common import mm
 
-# Cost model (r8i4, G=8, d=128): the scorer is bound by instruction issue and stalls, not bytes: 1802
-# SASS per thread per 16-page tile (aot.py, specialised like production: int4 unpack ~600, the fp32
-# coefficient contraction ~340, operand shuffles through shared memory with ~20 barriers, address
-# math) against 0.4 us to stream the tile at 4.23 TB/s / 132 SMs. Measured on the H200 (harness/score_sweep.py,
-# 2026-11-29): 8 warps x 128 registers (2 programs/SM) 91.6 us at 128K bs1, 4 warps x 128 registers
-# (4 programs/SM) 57.2 us, uncapped registers slower still; software pipelining (tl.range stages=2)
-# and the int-to-float nibble path were 5-10% slower. More resident warps hide the latency of each
-# tile's loads and barriers; reaching the floor needs a few hundred instructions per tile.
+# Cost model (r8i4, G=8, d=128): the scorer streams 832 B per scored page but is bound by latency,
+# not bytes. Its 16-page tile is ~1700 SASS per thread (aot.py, specialised like production: int4
+# decode, the fp32 coefficient contraction, dot operand shuffles through shared memory with ~20
+# barriers) against 0.4 us to stream the tile at 4.23 TB/s / 132 SMs. ncu (H200, 2026-11-29, 128K bs1,
+# 128 chunks): 9 cycles per issued instruction, stalled on global loads (long scoreboard), the shared
+# memory queue (MIO throttle) and shared loads, with 3x the ideal global sectors and 2x the ideal shared
+# wavefronts. What helped, measured (harness/score_sweep.py): filling every program slot (64 -> 128
+# chunks: 57.2 -> 46.6 us), fewer and wider loads per tile (42.4 us). Launch tuning beyond that is
+# exhausted: 8 warps, uncapped registers, software pipelining and int-to-float decode were all slower.
 P_TILE = 16  # pages per tile: the N of every tl.dot
 MAX_CHUNKS = 128  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
 # Selection chunks per pair at most (topk.py kernels 2-5). Its last pass is O(chunks + k): on the H200
-# (2026-11-29, 128K bs1) selection took 26 us over 64 chunks and 37 us over 128, so it keeps 64 while the
-# score grid fills every program slot.
-SELECT_CHUNKS = 64
+# (2026-11-29, 128K bs1, coarse picks) selection took 21.9 us over 32 chunks, 23.4 over 64 and 28.6 over
+# 128, so it stays at 32 while the score grid fills every program slot.
+SELECT_CHUNKS = 32
 SCORE_WARPS = 4
 SCORE_MAXNREG = 128  # r8i4, G=8, d=128: no spill at 4 warps (aot.py); 96 spills, uncapped is 1 program/SM
 # Programs do equal work, so the launch fills at most one wave (2.06 waves take 3 waves' time, one
@@ -58,10 +59,12 @@ class ScoreTuning:
     mantissa_nibbles: bool = True  # False: int-to-float conversion of the int4 codes (the older path)
     # True: the int4 basis is read as 32-bit words and decoded two codes per operation (`_word_codes`);
     # used only where the layout allows it (`word_decode_fits`), else the byte path runs.
-    word_nibbles: bool = False
+    word_nibbles: bool = True
     # True: each token's r int8 coefficients in one vector load, spread to the dot's K in registers
-    # (29 vs 43 global loads in the sm_90 compile, 1836 vs 1802 loop instructions, 4 spill accesses).
-    coef_vector: bool = False
+    # (29 vs 43 global loads in the sm_90 compile; more loop instructions and a few spill accesses, yet
+    # faster: the scorer waits on loads and shared memory, not issue, once 128 chunks fill the SMs).
+    # H200 2026-11-29, 128K bs1, 128 chunks: 46.6 us (neither), 46.3 (words), 44.6 (vector), 42.4 (both).
+    coef_vector: bool = True
     # True: selection in two launches (keys, then one program per (sequence, KV head): topk.py's row
     # path) instead of four; fewer dependent launches, less parallel passes. Untimed on the H200.
     row_select: bool = False

@@ -40,7 +40,7 @@ import triton.language as tl
 
 KEYS_BLOCK = 512  # pages per iteration of the key, gather and resolve kernels
 KEYS_WARPS = 8
-FINAL_WARPS = 8  # its [k, chunks] tie lookup is 16K elements: 4 warps sat at 255 registers
+FINAL_WARPS = 8  # its [k, chunks] tie lookup is up to 16K elements: 4 warps sat at 255 registers
 ROW_BLOCK = 2048  # pages per iteration of the row kernel: 8 keys per thread at 8 warps
 ROW_WARPS = 8
 HIST_BINS = 8192  # top 13 of the 23 key bits
@@ -276,7 +276,7 @@ def _finalize_kernel(
     hist_ptr, low_hist_ptr, counts_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr,
-    COARSE_PICK: tl.constexpr = True,
+    COARSE_PICK: tl.constexpr = True, CHUNKS_PAD: tl.constexpr = 128,  # >= num_chunks (a power of two)
 ):
     """The first `need` ties in page order + sink + recent, ascending; resets the scratch for the next call."""
     pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
@@ -291,11 +291,11 @@ def _finalize_kernel(
         count_row = counts_ptr + pair * (2 * MAXC + 1)
         n_above = tl.load(count_row + MAXC)
         tl.store(count_row + MAXC, 0)  # the slot counter starts at zero on the next call
-        ch = tl.arange(0, MAXC)
+        ch = tl.arange(0, CHUNKS_PAD)
         ties = tl.load(count_row + MAXC + 1 + ch, mask=ch < num_chunks, other=0)
         tie_end = tl.cumsum(ties, axis=0)  # inclusive: ties in chunks 0..c
         # Slot j < need takes tie number j in chunk order: chunk c = #chunks whose ties end at or before j.
-        done = tie_end[None, :] <= slot[:, None]  # [K_PAD, MAXC]
+        done = tie_end[None, :] <= slot[:, None]  # [K_PAD, CHUNKS_PAD]
         c = tl.sum(done.to(tl.int32), axis=1)
         c_start = tl.max(tl.where(done, tie_end[None, :], 0), axis=1)
         chunk_first = _chunk_range(num_pages, c, num_chunks)[0]
