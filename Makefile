@@ -3,7 +3,7 @@
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test wheel
+.PHONY: stamp venv demo test wheel
 venv:
 	bash .ci/install-venv.sh $(VENV)
 
@@ -16,8 +16,12 @@ test: venv
 
 # A wheel for machines without the checkout (the H200): it carries the commit in build_info.json so
 # records made there still name the code that made them.
-wheel: venv
+wheel: venv stamp
 	rm -rf .gpu/wheel build
-	$(VENV)/bin/python -c "import json, subprocess as s; c = s.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip(); d = bool(s.run(['git', 'status', '--porcelain', '--untracked-files=no'], capture_output=True, text=True).stdout.strip()); json.dump({'commit': c, 'dirty': d}, open('harness/build_info.json', 'w'))"
 	$(VENV)/bin/python -m pip wheel -q --no-deps -w .gpu/wheel .
 	rm -f harness/build_info.json
+
+# The same stamp alone, for GPU runs that import the checkout itself (carry harness/build_info.json;
+# the device copy's .git may be older than its files). Delete it afterwards: it wins over git.
+stamp:
+	$(VENV)/bin/python -c "import json, subprocess as s; c = s.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip(); d = bool(s.run(['git', 'status', '--porcelain', '--untracked-files=no'], capture_output=True, text=True).stdout.strip()); json.dump({'commit': c, 'dirty': d}, open('harness/build_info.json', 'w'))"

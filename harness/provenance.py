@@ -47,10 +47,16 @@ def package_versions() -> dict[str, str | None]:
 
 
 def git_state(start: str | os.PathLike | None = None) -> dict[str, object]:
-    """Commit and dirty flag of the checkout holding `start` (default: this package), else the wheel's stamp.
+    """The commit stamp `build_info.json` beside this package when there is one, else the commit and
+    dirty flag of the checkout holding `start` (default: this package).
 
     Never the cwd: on the GPU machine the command runs inside a copy of the checkout whose git state
-    is not the code of the installed wheel (records of 2026-11-29 named the wrong commit that way)."""
+    is not the code of the installed wheel (records of 2026-11-29 named the wrong commit that way). The
+    stamp comes first because that copy's `.git` can be older than its files (session 4's kernel-only
+    runs imported the checkout and recorded the session's starting commit): `make wheel` writes it into
+    the wheel and deletes it from the checkout, and a kernel-only GPU run carries one written for it."""
+    if BUILD_INFO.exists():
+        return _build_info()
     candidates = [Path(start)] if start else [Path(__file__).resolve().parent]
     for folder in candidates:
         try:

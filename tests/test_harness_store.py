@@ -107,6 +107,11 @@ def test_git_state_outside_a_checkout_names_the_wheel_stamp_not_the_cwd(tmp_path
     outside = tmp_path / "site"
     outside.mkdir()
     assert provenance.git_state(outside) == {"commit": "b133375", "dirty": False}
+    # a stamp beside the package wins over the checkout that holds it (a copied checkout's .git can lag)
+    assert provenance.git_state(provenance.Path(__file__).resolve().parent) == {"commit": "b133375", "dirty": False}
+    monkeypatch.setattr(provenance, "BUILD_INFO", tmp_path / "absent.json")
+    here = provenance.git_state(provenance.Path(__file__).resolve().parent)
+    assert here["commit"] not in (None, "b133375") and len(here["commit"]) == 40
 
 
 def test_provenance_names_the_schema_of_the_record_it_travels_with():
