@@ -56,17 +56,21 @@ def covered_us(activities: Sequence[Activity], start_us: float, end_us: float) -
 
 
 def summarize_steps(activities: Sequence[Activity], windows: Sequence[tuple[float, float]],
-                    top: int = TOP_ACTIVITIES) -> dict:
+                    top: int = TOP_ACTIVITIES, device_windows: Sequence[tuple[float, float]] | None = None) -> dict:
     """Per-step wall / busy / idle time and activity counts, plus the activities taking the most time per step.
 
-    An activity belongs to the step whose window contains its start; device work queued by a step may
-    run after its host range ends, so a step's busy time counts its own activities wherever they run.
+    `windows` are the steps' host ranges (the wall time). An activity belongs to the step whose window
+    contains its start: the step's device range when `device_windows` has one per step (on the GPU a
+    step's kernels run after its host range has moved on: assigned by host ranges, H200 session 4 saw
+    every other step own two steps' kernels), else its host range. A step's busy time counts its own
+    activities wherever they run.
     """
     if not windows:
         raise ValueError("no step windows: the traced steps recorded no ranges")
     windows = sorted(windows)
+    owners = sorted(device_windows) if device_windows and len(device_windows) == len(windows) else windows
     per_step: list[list[Activity]] = [[] for _ in windows]
-    starts = [w[0] for w in windows]
+    starts = [w[0] for w in owners]
     for activity in activities:
         index = next((i for i in range(len(windows) - 1, -1, -1) if starts[i] <= activity.start_us), None)
         if index is not None:
@@ -92,17 +96,22 @@ def summarize_steps(activities: Sequence[Activity], windows: Sequence[tuple[floa
     }
 
 
-def activities_from_profile(events, device: str) -> tuple[list[Activity], list[tuple[float, float]]]:
-    """(kernels or, on CPU, the steps' top-level ops; step windows) from torch.profiler events."""
+def activities_from_profile(events, device: str) -> tuple[list[Activity], list[tuple[float, float]], list[tuple[float, float]]]:
+    """(kernels or, on CPU, the steps' top-level ops; the steps' host ranges; their device ranges) from
+    torch.profiler events. A `record_function` range appears twice on the GPU: once on the host and once
+    as the span of the kernels it launched; the latter are not activities themselves."""
     from torch.autograd import DeviceType
 
-    windows = [(e.time_range.start, e.time_range.end) for e in events if e.name.startswith(STEP_RANGE)]
+    def ranges(kind):
+        return [(e.time_range.start, e.time_range.end) for e in events if e.name.startswith(STEP_RANGE) and e.device_type == kind]
+
     if device == "cuda":
-        chosen = [e for e in events if e.device_type == DeviceType.CUDA]
+        chosen = [e for e in events if e.device_type == DeviceType.CUDA and not e.name.startswith(STEP_RANGE)]
     else:  # CPU ops whose parent is a step range: each op counted once, not with its children
         chosen = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is not None
                   and e.cpu_parent.name.startswith(STEP_RANGE)]
-    return [Activity(e.name, e.time_range.start, e.time_range.end) for e in chosen], windows
+    return ([Activity(e.name, e.time_range.start, e.time_range.end) for e in chosen], ranges(DeviceType.CPU),
+            ranges(DeviceType.CUDA))
 
 
 def trace_arm(plan: DecodePlan, arm_name: str, context: int, budget: int | None, steps: int, warm_steps: int,
@@ -144,8 +153,8 @@ def trace_arm(plan: DecodePlan, arm_name: str, context: int, budget: int | None,
     out_dir.mkdir(parents=True, exist_ok=True)
     trace_file = out_dir / f"trace-{arm_name}-{context}.json"
     profiler.export_chrome_trace(str(trace_file))
-    found, windows = activities_from_profile(profiler.events(), arm.device)
-    summary = summarize_steps(found, windows)
+    found, windows, device_windows = activities_from_profile(profiler.events(), arm.device)
+    summary = summarize_steps(found, windows, device_windows=device_windows)
     log.info("%s @ %d: %.0f µs per step, device busy %.0f µs, %.0f activities", arm_name, context,
              summary["mean"]["wall_us"], summary["mean"]["busy_us"], summary["mean"]["activities"])
     return {"schema": SCHEMA_TRACE, "kind": "trace", "status": "ok", "reason": "",

@@ -38,6 +38,22 @@ def test_steps_own_the_activities_they_started_and_rank_them_per_step():
         summarize_steps(acts, [])
 
 
+def test_device_ranges_own_the_kernels_that_run_after_their_host_range():
+    # host ranges of 3 steps; each step's kernels run ~60 µs later, inside the step's device range
+    host = [(0.0, 100.0), (100.0, 200.0), (200.0, 300.0)]
+    device = [(60.0, 150.0), (160.0, 250.0), (260.0, 350.0)]
+    acts = [Activity("k", 60, 100), Activity("k", 110, 150), Activity("k", 160, 240), Activity("k", 260, 300),
+            Activity("k", 310, 340)]
+    by_device = summarize_steps(acts, host, device_windows=device)
+    assert [s["activities"] for s in by_device["per_step"]] == [2, 1, 2]
+    assert [s["busy_us"] for s in by_device["per_step"]] == [80, 80, 70]
+    assert [s["wall_us"] for s in by_device["per_step"]] == [100, 100, 100]  # wall stays the host's
+    # by host ranges the same kernels would land one step late: the first step owns one kernel only
+    assert [s["activities"] for s in summarize_steps(acts, host)["per_step"]] == [1, 2, 2]
+    # a device-range list that does not match the steps is ignored
+    assert summarize_steps(acts, host, device_windows=device[:2])["per_step"][0]["activities"] == 1
+
+
 def test_markdown_names_the_arm_and_the_costliest_activity():
     summary = summarize_steps([Activity("k1", 0, 5), Activity("k2", 5, 7)], [(0.0, 10.0)])
     record = {"cell": {"arm": "locks", "context_tokens": 4096, "layers": 2}, "activity": "kernels", "summary": summary}
