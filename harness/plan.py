@@ -49,6 +49,11 @@ class DecodePlan:
     ramp_max_steps: int = 256
     ramp_clock_tolerance: float = 0.01
     graph_mode: str = "full_decode_only"
+    # vLLM 0.24 turns async scheduling on by default (the host prepares step n+1 while the GPU runs step
+    # n). Off, each step() returns its own token and TPOT includes every µs of per-step host work
+    # (scheduler, metadata builders, graph launch): the protocol of sessions 1-4. On: what a default
+    # deployment runs; the decode loop then reads each token one call late.
+    async_scheduling: bool = False
     max_model_len: int | None = None
     gpu_memory_utilization: float = 0.85
     kv_cache_memory_bytes: int | None = None

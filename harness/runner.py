@@ -98,6 +98,8 @@ def cell_identity(plan: DecodePlan, arm: str, context: int, batch: int, budget: 
         "seed": plan.seed,
         # Only TP > 1 cells carry the key, so cells stored before TP existed keep their identity (resume).
         **({"tensor_parallel_size": plan.tensor_parallel_size} if plan.tensor_parallel_size > 1 else {}),
+        # Likewise only async cells carry this one (stored sync cells keep their identity).
+        **({"async_scheduling": True} if plan.async_scheduling else {}),
     }
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..kernels.config import ConfigError
 from . import ranks
 from .arms import SparseKnobs, get_arm
 from .plan import GRAPH_MODES, DecodePlan
@@ -67,7 +68,7 @@ class EngineSession:
             max_num_batched_tokens=max(plan.max_num_batched_tokens, max(plan.batch_sizes)),
             enable_prefix_caching=False,  # a cached prefix would benchmark the cache, not attention
             enable_chunked_prefill=True,  # prompts longer than max_num_batched_tokens prefill in chunks
-            async_scheduling=False,  # otherwise step() may only enqueue and outputs lag by one step
+            async_scheduling=plan.async_scheduling,  # on: step() returns the previous step's tokens
             gpu_memory_utilization=plan.gpu_memory_utilization,
             compilation_config=compilation_config,
             enforce_eager=enforce_eager,
@@ -84,6 +85,7 @@ class EngineSession:
         self.llm = LLM(**kwargs)
         self.boot_s = time.perf_counter() - started
         self.engine = self.llm.llm_engine
+        _check_scheduling(plan.async_scheduling, self.engine.vllm_config, self.close)
         self.sampling = SamplingParams(
             max_tokens=plan.effective_max_model_len,  # never reached: requests are aborted
             ignore_eos=True,
@@ -93,7 +95,9 @@ class EngineSession:
         )
         # TP > 1: the ranks run in worker processes and step() has already waited for their tokens;
         # a sync here would only open a CUDA context on GPU 0 in this process.
-        self._sync = _device_sync(self.arm.device if plan.tensor_parallel_size == 1 else "none")
+        # Async scheduling: no sync either, it would wait for the step queued behind this one and undo
+        # the overlap being measured (step() already blocks on the step whose tokens it returns).
+        self._sync = _device_sync(self.arm.device if plan.tensor_parallel_size == 1 and not plan.async_scheduling else "none")
 
     # -- facts about the engine -------------------------------------------------------------------
     @property
@@ -208,6 +212,18 @@ class EngineSession:
         except Exception as exc:  # noqa: BLE001 - teardown is best effort; the process exits next
             log.warning("engine shutdown failed: %s", exc)
         del self.llm
+
+
+def _check_scheduling(asked: bool, vllm_config, close) -> None:
+    """Refuse an engine whose async scheduling differs from the plan's: vLLM overrides the request on
+    some platforms (its CPU platform always turns it off), and a record must say how its steps ran."""
+    ran = bool(vllm_config.scheduler_config.async_scheduling)
+    if ran != asked:
+        close()
+        platform = getattr(getattr(vllm_config, "device_config", None), "device_type", "?")
+        raise ConfigError(f"vLLM ran async scheduling {'on' if ran else 'off'} on this platform ({platform}) although the "
+                          f"plan asked for it {'on' if asked else 'off'}; set async_scheduling: {str(ran).lower()} "
+                          f"(--{'async' if ran else 'sync'}-scheduling) for this machine")
 
 
 def _device_sync(device: str):

@@ -159,7 +159,8 @@ def trace_arm(plan: DecodePlan, arm_name: str, context: int, budget: int | None,
              summary["mean"]["wall_us"], summary["mean"]["busy_us"], summary["mean"]["activities"])
     return {"schema": SCHEMA_TRACE, "kind": "trace", "status": "ok", "reason": "",
             "cell": {"arm": arm_name, "context_tokens": context, "budget_tokens": job.budget, "batch_size": 1,
-                     "layers": geometry.num_layers, "graph_mode": plan.graph_mode},
+                     "layers": geometry.num_layers, "graph_mode": plan.graph_mode,
+                     "async_scheduling": plan.async_scheduling},
             "step_ms": step_ms, "summary": summary, "activity": "kernels" if arm.device == "cuda" else "cpu ops",
             "trace_file": str(trace_file), "provenance": prov.collect(schema=SCHEMA_TRACE)}
 

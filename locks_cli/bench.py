@@ -50,6 +50,9 @@ def decode(
     steps: Optional[int] = typer.Option(None, help="Decode steps per window (protocol: 64)."),
     ttft_repeats: Optional[int] = typer.Option(None, help="Steady TTFT repeats (protocol: >= 3)."),
     graph_mode: Optional[str] = typer.Option(None, help="full_decode_only | eager | compile."),
+    async_scheduling: Optional[bool] = typer.Option(
+        None, "--async-scheduling/--sync-scheduling",
+        help="vLLM async scheduling (its default; host work of step n+1 overlaps step n). Plan default: sync."),
     max_model_len: Optional[str] = typer.Option(None, help="Engine max_model_len (default: longest context + decode room)."),
     gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-mem", help="vLLM gpu_memory_utilization."),
     summary_format: Optional[str] = typer.Option(None, "--format", help="Locks summary format, e.g. r8i4."),
@@ -70,7 +73,8 @@ def decode(
     overrides = {
         "model": model, "arms": arms, "contexts": contexts, "batch_sizes": batch, "budgets": budget,
         "num_layers": layers, "windows": windows, "steps_per_window": steps, "ttft_repeats": ttft_repeats,
-        "graph_mode": graph_mode, "max_model_len": max_model_len, "gpu_memory_utilization": gpu_memory_utilization,
+        "graph_mode": graph_mode, "async_scheduling": async_scheduling, "max_model_len": max_model_len,
+        "gpu_memory_utilization": gpu_memory_utilization,
         "summary_format": summary_format, "seed": seed, "require_nvml": require_nvml, "isolation": isolation,
         "peer_config": peer_config, "output": str(out) if out is not None else None,
         "tensor_parallel_size": tensor_parallel_size,
@@ -228,6 +232,8 @@ def trace(
     steps: int = typer.Option(8, help="Decode steps traced."),
     warm_steps: int = typer.Option(8, help="Untraced decode steps before them."),
     graph_mode: Optional[str] = typer.Option(None, help="full_decode_only | eager | compile."),
+    async_scheduling: Optional[bool] = typer.Option(
+        None, "--async-scheduling/--sync-scheduling", help="vLLM async scheduling (plan default: sync)."),
     gpu_memory_utilization: Optional[float] = typer.Option(None, "--gpu-mem", help="vLLM gpu_memory_utilization."),
     out: Path = typer.Option(Path("runs/trace"), "--out", help="Folder for trace.jsonl and the chrome trace."),
 ) -> None:
@@ -242,7 +248,7 @@ def trace(
         tokens = parse_size(context)
         overrides = {"model": model, "arms": arm, "contexts": str(tokens), "batch_sizes": "1", "num_layers": layers,
                      "graph_mode": graph_mode, "gpu_memory_utilization": gpu_memory_utilization,
-                     "budgets": str(budget) if budget is not None else None}
+                     "async_scheduling": async_scheduling, "budgets": str(budget) if budget is not None else None}
         plan = load_plan(plan_file, overrides)
         record = trace_arm(plan, arm, tokens, plan.budgets[0] if plan.budgets else None, steps, warm_steps, out)
     except (ConfigError, ValueError) as exc:

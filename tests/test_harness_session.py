@@ -97,6 +97,25 @@ def test_lockstep_fires_on_a_real_shrinking_batch(monkeypatch):
     assert result.status == guards.FAIL and "step 3 emitted 2 tokens from 2 of 3 requests" in result.reason
 
 
+def test_an_engine_that_overrides_the_plans_scheduling_is_refused_with_the_fix(monkeypatch):
+    """vLLM's CPU platform turns async scheduling off whatever is asked: the session must not record
+    sync steps under an async plan."""
+    from locks_toolkit.harness.presets import materialize_model
+    from locks_toolkit.harness.worker import EngineJob, job_environment
+    from locks_toolkit.kernels.config import ConfigError
+
+    plan = load_plan(SMOKE, {"contexts": "128", "batch_sizes": "1", "async_scheduling": True})
+    config, _ = build_config("tiny-llama", None, plan.effective_max_model_len)
+    model_dir = str(materialize_model(config))
+    job = EngineJob(plan, "cpu", 128, None, (1,), model_dir, True, ModelGeometry.from_config(config), 1024, False)
+    for key, value in job_environment(job).items():
+        monkeypatch.setenv(key, value)
+    from locks_toolkit.harness.session import EngineSession
+
+    with pytest.raises(ConfigError, match=r"ran async scheduling off on this platform \(cpu\).*async_scheduling: false"):
+        EngineSession(plan, "cpu", model_dir, True, None, vocab_size=1024)
+
+
 @pytest.mark.slow
 def test_locks_cpu_arm_is_verified_by_the_backend_counters(tmp_path):
     """The real Locks CPU backend: budget 128 < 256 tokens runs sparse (ok); budget 512 covers every

@@ -164,6 +164,24 @@ def test_speedup_is_against_the_faster_dense_arm():
     assert floor["floor_fraction"] == pytest.approx(records("decode")[0]["floor_ms"] / 6.93)
 
 
+def test_async_and_sync_scheduling_are_separate_setups():
+    sync = records("decode")
+    on = [json.loads(json.dumps(r)) for r in sync]
+    for record in on:
+        record["cell"]["async_scheduling"] = True
+        if record.get("tpot_ms"):
+            record["tpot_ms"]["mean"] = record["tpot_ms"]["mean"] / 2  # never compared with the sync cells
+    frame = decode_frame(sync + on)
+    fast = frame[frame["async_scheduling"]]
+    assert len(frame) == 2 * len(decode_frame(sync)) and len(fast) == len(frame) // 2
+    # speedups are taken within a setup: halving every async TPOT leaves them unchanged
+    assert sorted(fast["speedup"].dropna()) == pytest.approx(sorted(frame[~frame["async_scheduling"]]["speedup"].dropna()))
+    text = render_ladder(frame, md.Notes())
+    titles = [line for line in text.splitlines() if line.startswith("### ")]
+    assert len(titles) == 2 and {title.replace(", async scheduling", "") for title in titles} == {min(titles, key=len)}
+    assert sum(", async scheduling, dummy weights" in title for title in titles) == 1
+
+
 def test_frontier_is_the_largest_batch_with_a_speedup():
     sparse = grid_frame(decode_frame(records("decode")))
     frontier = sparse[sparse["is_frontier"]].set_index("context_tokens")["batch_size"].to_dict()

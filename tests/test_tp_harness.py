@@ -54,6 +54,19 @@ def test_cli_tp_reaches_the_cells_and_only_tp_cells_carry_it(tmp_path):
     assert bad.exit_code != 0 and "does not divide" in bad.output
 
 
+def test_async_scheduling_reaches_the_cells_and_only_async_cells_carry_it(tmp_path):
+    args = ["bench", "decode", "--model", GLM, "--arms", "fa3,locks", "--contexts", "32k", "--budget", "2048",
+            "--layers", "40", "--out", str(tmp_path / "b.jsonl"), "--dry-run", "--json"]
+    on = json.loads(CliRunner().invoke(app, args + ["--async-scheduling"]).stdout)["cells"]
+    off = json.loads(CliRunner().invoke(app, args + ["--sync-scheduling"]).stdout)["cells"]
+    default = json.loads(CliRunner().invoke(app, args).stdout)["cells"]
+    assert len(on) == 2 and all(c["async_scheduling"] is True for c in on)
+    assert off == default and all("async_scheduling" not in c for c in default)  # stored cells keep their identity
+    assert load_plan(None, {"async_scheduling": True}).async_scheduling is True
+    with pytest.raises(ConfigError, match="async_scheduling = 'yes' is not a bool"):
+        load_plan(None, {"async_scheduling": "yes"})
+
+
 def test_preflight_refuses_more_ranks_than_visible_gpus(monkeypatch):
     import torch
 
