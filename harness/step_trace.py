@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 SCHEMA_TRACE = "locks.bench.trace/1"
 STEP_RANGE = "locks_trace_step_"
 TOP_ACTIVITIES = 15
+TOP_IDLE = 6
+IDLE_GAP_US = 5.0  # longer than any launch gap inside a CUDA graph (~0.4-1 µs on the H200)
 
 
 @dataclass(frozen=True)
@@ -93,7 +95,26 @@ def summarize_steps(activities: Sequence[Activity], windows: Sequence[tuple[floa
         "mean": {key: sum(step[key] for step in steps) / n for key in steps[0]},
         "per_step": steps,
         "top": [{"name": name, "us_per_step": total / n, "calls_per_step": calls / n} for name, (total, calls) in ranked],
+        "idle_before": idle_before([a for own in per_step for a in own], n),
     }
+
+
+def idle_before(activities: Sequence[Activity], steps: int, min_gap_us: float = IDLE_GAP_US,
+                top: int = TOP_IDLE) -> list[dict]:
+    """Idle device time per step grouped by the activity that ends each gap (gaps over `min_gap_us`).
+
+    Inside a CUDA graph consecutive kernels sit < 1 µs apart; the long gaps are where the device waits
+    for the host (scheduling, metadata builders, input copies, the graph launch), and the activity after
+    a gap says which phase of the step it precedes."""
+    gaps: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    reach = None
+    for activity in sorted(activities, key=lambda a: a.start_us):
+        if reach is not None and activity.start_us - reach > min_gap_us:
+            gaps[activity.name][0] += activity.start_us - reach
+            gaps[activity.name][1] += 1
+        reach = activity.end_us if reach is None else max(reach, activity.end_us)
+    ranked = sorted(gaps.items(), key=lambda item: -item[1][0])[:top]
+    return [{"name": name, "us_per_step": total / steps, "gaps_per_step": count / steps} for name, (total, count) in ranked]
 
 
 def activities_from_profile(events, device: str) -> tuple[list[Activity], list[tuple[float, float]], list[tuple[float, float]]]:
@@ -174,4 +195,8 @@ def markdown(record: dict, top: int = 10) -> str:
              "| activity | µs per step | calls per step |", "| :--- | ---: | ---: |"]
     lines += [f"| `{t['name'][:80]}` | {t['us_per_step']:.1f} | {t['calls_per_step']:.1f} |"
               for t in record["summary"]["top"][:top]]
+    idle = record["summary"].get("idle_before") or []
+    if idle:
+        lines += ["", f"| device idle (gaps > {IDLE_GAP_US:g} µs) before | µs per step | gaps per step |", "| :--- | ---: | ---: |"]
+        lines += [f"| `{g['name'][:80]}` | {g['us_per_step']:.1f} | {g['gaps_per_step']:.1f} |" for g in idle]
     return "\n".join(lines)

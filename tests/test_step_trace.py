@@ -54,6 +54,19 @@ def test_device_ranges_own_the_kernels_that_run_after_their_host_range():
     assert summarize_steps(acts, host, device_windows=device[:2])["per_step"][0]["activities"] == 1
 
 
+def test_idle_gaps_are_charged_to_the_activity_that_ends_them():
+    # two steps: a 40 µs wait before "launch" each step, graph kernels 0.5 µs apart, a 10 µs wait before "copy"
+    acts = []
+    for base in (0.0, 200.0):
+        acts += [Activity("copy", base + 10, base + 12), Activity("launch", base + 52, base + 60)]
+        acts += [Activity("k", base + 60.5 + 3 * i, base + 63 + 3 * i) for i in range(5)]
+    gaps = {g["name"]: g for g in summarize_steps(acts, [(0.0, 200.0), (200.0, 400.0)])["idle_before"]}
+    assert gaps["launch"]["us_per_step"] == 40 and gaps["launch"]["gaps_per_step"] == 1
+    # the first activity has nothing before it to wait on; the second step's copy waits from the last kernel
+    assert gaps["copy"]["us_per_step"] == pytest.approx((210 - 75) / 2) and gaps["copy"]["gaps_per_step"] == 0.5
+    assert "k" not in gaps  # launch gaps inside a graph are not idle time to explain
+
+
 def test_markdown_names_the_arm_and_the_costliest_activity():
     summary = summarize_steps([Activity("k1", 0, 5), Activity("k2", 5, 7)], [(0.0, 10.0)])
     record = {"cell": {"arm": "locks", "context_tokens": 4096, "layers": 2}, "activity": "kernels", "summary": summary}
