@@ -88,6 +88,10 @@ class DecodePlan:
         SummaryFormat.parse(self.summary_format)
         if self.graph_mode not in GRAPH_MODES:
             raise ConfigError(f"graph mode {self.graph_mode!r} unknown; use one of {', '.join(GRAPH_MODES)}")
+        cpu_arms = [name for name in self.arms if get_arm(name).device == "cpu"]
+        if self.async_scheduling and cpu_arms:
+            raise ConfigError(f"arms {', '.join(cpu_arms)} run on vLLM's CPU platform, which always schedules "
+                              "synchronously; drop --async-scheduling (async_scheduling: false) for them")
         if self.isolation not in ("process", "inline"):
             raise ConfigError(f"isolation {self.isolation!r} unknown; use process or inline")
         if self.silence_timeout_s <= 0:

@@ -104,7 +104,10 @@ def test_an_engine_that_overrides_the_plans_scheduling_is_refused_with_the_fix(m
     from locks_toolkit.harness.worker import EngineJob, job_environment
     from locks_toolkit.kernels.config import ConfigError
 
-    plan = load_plan(SMOKE, {"contexts": "128", "batch_sizes": "1", "async_scheduling": True})
+    with pytest.raises(ConfigError, match="always schedules synchronously; drop --async-scheduling"):
+        load_plan(SMOKE, {"async_scheduling": True})  # the plan refuses it for CPU arms up front
+    plan = load_plan(SMOKE, {"contexts": "128", "batch_sizes": "1"})
+    object.__setattr__(plan, "async_scheduling", True)  # past the plan's check: the engine-side one is tested
     config, _ = build_config("tiny-llama", None, plan.effective_max_model_len)
     model_dir = str(materialize_model(config))
     job = EngineJob(plan, "cpu", 128, None, (1,), model_dir, True, ModelGeometry.from_config(config), 1024, False)
