@@ -21,6 +21,8 @@ import sys
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from ..kernels.config import ConfigError
 
 log = logging.getLogger(__name__)
@@ -31,9 +33,8 @@ def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
     """Least-squares (intercept, slope) of ys against xs; needs two distinct xs."""
     if len(xs) != len(ys) or len(set(xs)) < 2:
         raise ValueError(f"a line needs >= 2 distinct x values paired with y values; got xs={list(xs)}, ys={list(ys)}")
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return my - slope * mx, slope
+    slope, intercept = np.polyfit(np.asarray(xs, dtype=float), np.asarray(ys, dtype=float), 1)
+    return float(intercept), float(slope)
 
 
 def parse_nodes(text: str) -> list[int]:

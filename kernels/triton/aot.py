@@ -52,6 +52,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
     rows = {"rows_u8": "*u8", "rows_i8": "*i8", "rows_f16": "*fp16"}
     gs = g_dot = next_pow2(group)
     select_common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_topk.HIST_BINS, LOW_BITS=_topk.LOW_BITS)
+    pick = _ss.DEFAULT_TUNING.coarse_pick  # production's threshold pick (ops._launch_select passes the tuning's)
     return [
         (_build._build_kernel, {"k_ptr": "*bf16", "block_ids_ptr": "*i32", **rows},
          dict(D=head_dim, DH_PAD=head_dim // 2, DC=min(_build.DIM_CHUNK, head_dim // 2), P=build_tile, B=PAGE_SIZE,
@@ -72,16 +73,17 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
               **select_common), _topk.KEYS_WARPS),
         (_topk._gather_kernel, {"keys_ptr": "*i32", "hist_ptr": "*i32", "low_hist_ptr": "*i32", "counts_ptr": "*i32",
                                 "cand_low_ptr": "*i32", "cand_page_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
-         dict(BLOCK=_topk.KEYS_BLOCK, WINDOW=_topk.AGG_WINDOW, COARSE_PICK=True, **select_common), _topk.KEYS_WARPS),
+         dict(BLOCK=_topk.KEYS_BLOCK, WINDOW=_topk.AGG_WINDOW, COARSE_PICK=pick, **select_common), _topk.KEYS_WARPS),
         (_topk._resolve_kernel, {"hist_ptr": "*i32", "low_hist_ptr": "*i32", "counts_ptr": "*i32", "cand_low_ptr": "*i32",
                                  "cand_page_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
-         dict(BLOCK=_topk.KEYS_BLOCK, COARSE_PICK=True, **select_common), _topk.KEYS_WARPS),
+         dict(BLOCK=_topk.KEYS_BLOCK, COARSE_PICK=pick, **select_common), _topk.KEYS_WARPS),
         (_topk._finalize_kernel, {"hist_ptr": "*i32", "low_hist_ptr": "*i32", "counts_ptr": "*i32", "cand_page_ptr": "*i32",
                                   "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
-         dict(K_PAD=next_pow2(page_budget), COARSE_PICK=True, CHUNKS_PAD=_ss.SELECT_CHUNKS, **select_common), _topk.FINAL_WARPS),
+         dict(K_PAD=next_pow2(page_budget), COARSE_PICK=pick, CHUNKS_PAD=next_pow2(_ss.DEFAULT_TUNING.select_chunks),
+              **select_common), _topk.FINAL_WARPS),
         (_topk._row_select_kernel, {"keys_ptr": "*i32", "hist_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
          dict(B=PAGE_SIZE, NBINS=_topk.HIST_BINS, LOW_BITS=_topk.LOW_BITS, BLOCK=_topk.ROW_BLOCK,
-              K_PAD=next_pow2(page_budget), COARSE_PICK=True), _topk.ROW_WARPS),
+              K_PAD=next_pow2(page_budget), COARSE_PICK=pick), _topk.ROW_WARPS),
         (_decode._sparse_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
                                          "seq_lens_ptr": "*i32", "sel_ptr": "*i32", "part_out_ptr": "*fp32",
                                          "part_lse_ptr": "*fp32", "scale": "fp32"},

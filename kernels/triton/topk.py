@@ -247,9 +247,16 @@ def _resolve_kernel(
 
 
 @triton.jit
-def _every_page(out_row, slot, num_pages, K):
-    """The dense fallback, decided on the device (pages <= k): every page, -1 padded."""
-    tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
+def _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B: tl.constexpr, K_PAD: tl.constexpr):
+    """(pair, pages, output row, slots, sparse) of a one-program-per-pair kernel. With pages <= k the
+    dense fallback (every page, -1 padded; decided on the device) is written here and `sparse` is False."""
+    pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
+    out_row = out_ptr + pair.to(tl.int64) * K
+    slot = tl.arange(0, K_PAD)
+    sparse = num_pages > K
+    if not sparse:
+        tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
+    return pair, num_pages, out_row, slot, sparse
 
 
 @triton.jit
@@ -279,12 +286,8 @@ def _finalize_kernel(
     COARSE_PICK: tl.constexpr = True, CHUNKS_PAD: tl.constexpr = 128,  # >= num_chunks (a power of two)
 ):
     """The first `need` ties in page order + sink + recent, ascending; resets the scratch for the next call."""
-    pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
-    out_row = out_ptr + pair.to(tl.int64) * K
-    slot = tl.arange(0, K_PAD)
-    if num_pages <= K:
-        _every_page(out_row, slot, num_pages, K)
-    else:
+    pair, num_pages, out_row, slot, sparse = _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B, K_PAD)
+    if sparse:
         _, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
         low_hist = _take_histogram(low_hist_ptr + pair * (1 << LOW_BITS), 1 << LOW_BITS)
         _, need = _pick_bin(low_hist, need, 1 << LOW_BITS)
@@ -318,12 +321,8 @@ def _row_select_kernel(
     COARSE_PICK: tl.constexpr = True,
 ):
     """Top-(k-2) of one pair's keys after `_keys_kernel`: sink, pages in page order, recent; resets the histogram."""
-    pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
-    out_row = out_ptr + pair.to(tl.int64) * K
-    slot = tl.arange(0, K_PAD)
-    if num_pages <= K:
-        _every_page(out_row, slot, num_pages, K)
-    else:
+    pair, num_pages, out_row, slot, sparse = _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B, K_PAD)
+    if sparse:
         b1, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
         row = keys_ptr + pair.to(tl.int64) * max_pages
         recent = num_pages - 1
