@@ -13,6 +13,8 @@ step's top-level CPU ops instead of kernels. The chrome trace is written next to
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
 import os
 from collections import defaultdict
@@ -135,6 +137,22 @@ def activities_from_profile(events, device: str) -> tuple[list[Activity], list[t
             ranges(DeviceType.CUDA))
 
 
+def activities_from_chrome_trace(path: str | Path) -> tuple[list[Activity], list[tuple[float, float]], list[tuple[float, float]]]:
+    """`activities_from_profile` of a stored chrome trace (`.json` or `.json.gz`, as `trace_arm` writes
+    it): the GPU's kernels and copies, the steps' host ranges and their device ranges."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rt") as handle:
+        events = json.load(handle)["traceEvents"]
+
+    def ranges(category):
+        return [(e["ts"], e["ts"] + e["dur"]) for e in events
+                if e.get("cat") == category and e.get("name", "").startswith(STEP_RANGE)]
+
+    kernels = [Activity(e["name"], e["ts"], e["ts"] + e["dur"]) for e in events
+               if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    return kernels, ranges("user_annotation"), ranges("gpu_user_annotation")
+
+
 def trace_arm(plan: DecodePlan, arm_name: str, context: int, budget: int | None, steps: int, warm_steps: int,
               out_dir: str | Path) -> dict:
     """Profile `steps` decode steps of one arm at one context (batch 1); returns the trace record."""
@@ -188,15 +206,39 @@ def trace_arm(plan: DecodePlan, arm_name: str, context: int, budget: int | None,
 
 def markdown(record: dict, top: int = 10) -> str:
     """The record as a short markdown summary: mean step split and the costliest activities."""
-    cell, mean = record["cell"], record["summary"]["mean"]
-    lines = [f"### {cell['arm']} @ {cell['context_tokens']} tokens, {cell['layers']} layers ({record['activity']})", "",
+    cell = record["cell"]
+    title = f"{cell['arm']} @ {cell['context_tokens']} tokens, {cell['layers']} layers ({record['activity']})"
+    return summary_markdown(title, record["summary"], top)
+
+
+def summary_markdown(title: str, summary: dict, top: int = 10) -> str:
+    """`summarize_steps`' result under a heading: mean step split, costliest activities, idle gaps."""
+    mean = summary["mean"]
+    lines = [f"### {title}", "",
              (f"wall {mean['wall_us']:.0f} µs per step; busy {mean['busy_us']:.0f} µs, idle {mean['idle_us']:.0f} µs; "
               f"{mean['activities']:.0f} activities per step"), "",
              "| activity | µs per step | calls per step |", "| :--- | ---: | ---: |"]
-    lines += [f"| `{t['name'][:80]}` | {t['us_per_step']:.1f} | {t['calls_per_step']:.1f} |"
-              for t in record["summary"]["top"][:top]]
-    idle = record["summary"].get("idle_before") or []
+    lines += [f"| `{t['name'][:80]}` | {t['us_per_step']:.1f} | {t['calls_per_step']:.1f} |" for t in summary["top"][:top]]
+    idle = summary.get("idle_before") or []
     if idle:
         lines += ["", f"| device idle (gaps > {IDLE_GAP_US:g} µs) before | µs per step | gaps per step |", "| :--- | ---: | ---: |"]
         lines += [f"| `{g['name'][:80]}` | {g['us_per_step']:.1f} | {g['gaps_per_step']:.1f} |" for g in idle]
     return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m locks_toolkit.harness.step_trace TRACE.json[.gz] ...`: summarize stored chrome traces again."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("traces", nargs="+", help="chrome traces written by `locks bench trace`")
+    args = parser.parse_args(argv)
+    for path in args.traces:
+        found, windows, device_windows = activities_from_chrome_trace(path)
+        sys.stdout.write(summary_markdown(Path(path).name, summarize_steps(found, windows, device_windows=device_windows)) + "\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -67,6 +67,27 @@ def test_idle_gaps_are_charged_to_the_activity_that_ends_them():
     assert "k" not in gaps  # launch gaps inside a graph are not idle time to explain
 
 
+def test_a_stored_chrome_trace_is_summarized_again(tmp_path):
+    import gzip
+
+    from locks_toolkit.harness.step_trace import STEP_RANGE, activities_from_chrome_trace, main
+
+    events = [{"cat": "user_annotation", "name": f"{STEP_RANGE}{i}", "ts": 100.0 * i, "dur": 100.0} for i in range(2)]
+    events += [{"cat": "gpu_user_annotation", "name": f"{STEP_RANGE}{i}", "ts": 100.0 * i + 50, "dur": 90.0} for i in range(2)]
+    events += [{"cat": "kernel", "name": "k", "ts": 100.0 * i + 55, "dur": 30.0} for i in range(2)]
+    events += [{"cat": "gpu_memcpy", "name": "copy", "ts": 100.0 * i + 50, "dur": 2.0} for i in range(2)]
+    events += [{"cat": "cpu_op", "name": "aten::add", "ts": 10.0, "dur": 5.0}]  # host ops are not activities
+    path = tmp_path / "trace.json.gz"
+    with gzip.open(path, "wt") as handle:
+        json.dump({"traceEvents": events}, handle)
+    found, host, device = activities_from_chrome_trace(path)
+    assert sorted(a.name for a in found) == ["copy", "copy", "k", "k"]
+    assert host == [(0.0, 100.0), (100.0, 200.0)] and device == [(50.0, 140.0), (150.0, 240.0)]
+    summary = summarize_steps(found, host, device_windows=device)
+    assert [s["activities"] for s in summary["per_step"]] == [2, 2] and summary["mean"]["busy_us"] == 32
+    assert summary["idle_before"][0]["name"] == "copy" and summary["idle_before"][0]["us_per_step"] == pytest.approx(65 / 2)
+
+
 def test_markdown_names_the_arm_and_the_costliest_activity():
     summary = summarize_steps([Activity("k1", 0, 5), Activity("k2", 5, 7)], [(0.0, 10.0)])
     record = {"cell": {"arm": "locks", "context_tokens": 4096, "layers": 2}, "activity": "kernels", "summary": summary}
