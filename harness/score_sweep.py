@@ -42,9 +42,10 @@ VARIANTS = (
     ScoreTuning(select_chunks=16),
     ScoreTuning(word_nibbles=False),  # int4 codes decoded per byte
     ScoreTuning(coef_vector=False),  # one load per coefficient
-    # selection in 2 launches instead of 4 (topk.py row path); H200 s4: 19.0 vs 21.3 us at 32K bs1,
-    # 46.5 vs 21.9 at 128K (one program streams all keys twice)
-    ScoreTuning(row_select=True),
+    # selection in 4 launches (topk.py; the default of session 4) and in 2 (row path; H200 s4: 19.0 vs
+    # 21.3 us at 32K bs1, 46.5 vs 21.9 at 128K: one program streams all keys twice)
+    ScoreTuning(select_path="four"),
+    ScoreTuning(select_path="row"),
     ScoreTuning(warps=8),  # the default of session 1
     # No 2-warp or < 128-register variants: sm_90 compiles of them spill (aot.py; 848 B at 2 x 128).
     ScoreTuning(maxnreg=None),
@@ -120,7 +121,10 @@ def _nibble_path(tuning: dict) -> str:
 
 
 def _select_path(tuning: dict) -> str:
-    path = "row (2 launches)" if tuning.get("row_select") else f"4 launches, ≤ {tuning.get('select_chunks', 64)} chunks"
+    chunks = f"≤ {tuning.get('select_chunks', 64)} chunks"
+    # Records before session 5 carry row_select (True: the row path) instead of select_path.
+    name = tuning.get("select_path") or ("row" if tuning.get("row_select") else "four")
+    path = {"row": "row (2 launches)", "four": f"4 launches, {chunks}", "one": f"1 launch, {chunks}"}[name]
     return path + ("" if tuning.get("coarse_pick", False) else ", full-scan pick")
 
 

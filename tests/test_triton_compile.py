@@ -29,7 +29,7 @@ def test_kernels_compile_for_sm90_without_spills():
     usage = json.loads(done.stdout.strip().splitlines()[-1])
     print(usage)
     assert set(usage) == {"_build_kernel", "_score_kernel", "_keys_kernel", "_gather_kernel", "_resolve_kernel",
-                          "_finalize_kernel", "_row_select_kernel", "_sparse_decode_kernel", "_merge_kernel",
+                          "_finalize_kernel", "_row_select_kernel", "_keys_select_kernel", "_sparse_decode_kernel", "_merge_kernel",
                           "_score_kernel[bytes]"}
     others = {name: facts for name, facts in usage.items() if not name.startswith("_score_kernel")}
     spilled = {name: facts for name, facts in others.items()

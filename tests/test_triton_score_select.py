@@ -136,28 +136,45 @@ ROW_CASES = SELECT_CASES + [MANY_PAGES_CASE]
 @pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-{c.combine}-k{c.page_budget}"
                          + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
                          + f"-n{sum(c.seq_lens)}")
-def test_row_select_path_matches_reference(device, case):
-    """Selection in two launches (keys + one program per pair) against the reference, on every
-    select case: ties to the lower ids, near-flat pages, dense fallback, a crowded threshold bin."""
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(row_select=True))
+@pytest.mark.parametrize("path", ["four", "row"])
+def test_multi_launch_select_paths_match_reference(device, case, path):
+    """Selection in four launches (keys, gather, resolve, finalize) and in two (keys + one program per
+    pair) against the reference, on every select case: ties to the lower ids, near-flat pages, dense
+    fallback, a crowded threshold bin."""
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path=path))
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-{c.combine}-k{c.page_budget}"
+                         + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
+                         + f"-n{sum(c.seq_lens)}")
+def test_one_launch_select_slow_path_matches_reference(device, case, monkeypatch):
+    """The one-launch path with its register ranking limited to a threshold bin of one page: every
+    other bin takes the binary-search path (the default CAND sends only crowded bins there)."""
+    from locks_toolkit.kernels.triton import topk_one
+
+    monkeypatch.setattr(topk_one, "CAND", 1)
+    result = check_score_select(device, case, fresh_seed())
     assert result.ok, str(result)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", [MANY_PAGES_CASE, SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.combine}-n{sum(c.seq_lens)}")
 @pytest.mark.parametrize("coarse_pick", [True, False])
-def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case, coarse_pick):
+@pytest.mark.parametrize("path", ["one", "four"])
+def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case, coarse_pick, path):
     """The score grid's chunk normalizers are merged in full when the selection runs over fewer chunks
     (the production default at bs1 on the H200: 128 score chunks, 64 selection chunks); both threshold
     picks (coarse + fine counts, or every count) select the same pages."""
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_chunks=3, coarse_pick=coarse_pick))
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_chunks=3, coarse_pick=coarse_pick, select_path=path))
     assert result.ok, str(result)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_both_select_paths_leave_the_workspace_for_each_other(device):
-    """The paths share one workspace: each must leave its histograms zeroed for the other's next call
-    (a stale histogram shifts the next threshold bin and changes the selection)."""
+    """The paths share one workspace: each must leave its histograms and counters zeroed for the others'
+    next call (a stale histogram shifts the next threshold bin and changes the selection)."""
     from locks_toolkit.kernels.config import PAGE_SIZE, SummaryFormat
     from locks_toolkit.kernels.reference.packing import SummaryLayout, pack_summaries
     from locks_toolkit.kernels.reference.summary import build_page_summaries
@@ -175,18 +192,20 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     q = torch.randn((seqs, hkv * group, d), generator=gen).to(device)
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     picks = []
-    for tuning in (ScoreTuning(row_select=True), ScoreTuning(), ScoreTuning(row_select=True, coarse_pick=False),
+    for tuning in (ScoreTuning(select_path="row"), ScoreTuning(), ScoreTuning(select_path="four"),
+                   ScoreTuning(select_path="row", coarse_pick=False), ScoreTuning(select_path="four", coarse_pick=False),
                    ScoreTuning(coarse_pick=False), ScoreTuning()):
         selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
         ops.score_select(q, rows, table, lens, selected, layout, k, d**-0.5, workspace=ws, tuning=tuning)
         picks.append(selected.cpu())
     assert all(torch.equal(p, picks[0]) for p in picks[1:]), picks
     assert int(ws.hist.abs().sum()) == 0 and int(ws.low_hist.abs().sum()) == 0
+    assert int(ws.counts[:, ws.counts.shape[1] // 2].abs().sum()) == 0  # the slot / arrival counters
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("row_select", [False, True])
-def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, row_select):
+@pytest.mark.parametrize("path", ["one", "four", "row"])
+def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path):
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
     kernel's own integer keys, ties to the lower page ids (the reference check tolerates 1e-5)."""
@@ -213,7 +232,7 @@ def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(devic
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
     ops.score_select(q.to(device), rows, table, lens, selected, layout, k, d**-0.5, workspace=ws,
-                     tuning=ScoreTuning(row_select=row_select))
+                     tuning=ScoreTuning(select_path=path))
     contested = ws.keys[: seqs * hkv, 1 : pages - 1]
     assert bool(((contested == contested.min(dim=1, keepdim=True).values).sum(dim=1) > 100).all())  # the ties at stake
     assert selection_problems(selected, ws.keys, seq_len, k) is None, selected.tolist()

@@ -215,9 +215,11 @@ class DecodeCase:
     num_kv_heads: int = 2
 
 
-def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = torch.bfloat16) -> CheckResult:
-    """sparse_paged_decode over random page subsets (sink, recent, -1 padding) vs paged_decode_reference."""
-    res = CheckResult(f"decode {case} {str(dtype)[6:]}", seed)
+def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = torch.bfloat16,
+                 merge_in_decode: bool = True, calls: int = 1) -> CheckResult:
+    """sparse_paged_decode over random page subsets (sink, recent, -1 padding) vs paged_decode_reference;
+    `calls` > 1 repeats the call on one workspace (the merge's arrival counters must come back to zero)."""
+    res = CheckResult(f"decode {case} {str(dtype)[6:]}" + ("" if merge_in_decode else " two launches"), seed)
     gen = generator(seed)
     S, Hkv, G, d = len(case.seq_lens), case.num_kv_heads, case.group, case.head_dim
     num_pages = [cdiv(n, PAGE_SIZE) for n in case.seq_lens]
@@ -240,8 +242,11 @@ def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = 
     ws = ops.decode_workspace(S, Hkv * G, d, device)
     ws.partial_out.fill_(float("nan"))
     ws.partial_lse.fill_(float("nan"))
-    ops.sparse_paged_decode(q.to(device), k_cache.to(device), v_cache.to(device), table.to(device), seq_lens.to(device),
-                            selected.to(device), scale, out, ws)
+    for _ in range(calls):
+        out.fill_(float("nan"))
+        ops.sparse_paged_decode(q.to(device), k_cache.to(device), v_cache.to(device), table.to(device),
+                                seq_lens.to(device), selected.to(device), scale, out, ws, merge_in_decode=merge_in_decode)
+    res.expect(int(ws.arrivals.abs().sum()) == 0, "arrival counters not left at zero")
     ref = paged_decode_reference(q.double(), k_cache.double(), v_cache.double(), table, seq_lens, scale,
                                  None if case.page_budget is None else selected.long())
     err = (out.cpu().double() - ref).abs()

@@ -5,11 +5,13 @@ Reference: `reference.attention.paged_decode_reference` (selected_pages given; N
 `_sparse_decode_kernel`, grid (S * Hkv, num_splits): one program holds the G query heads of one
 KV head (G_DOT = next_pow2(G) rows; tl.dot pads small M itself) and walks its split's slice of the k selected
 page slots, PPI pages per iteration, through the block table; each K/V page is read once for all
-G heads. Online softmax in fp32, P@V with p cast to the cache dtype (bf16), fp32 accumulation.
+G heads (K and V issued together: the first dot's operand shuffle is a barrier loads stay behind).
+Online softmax in fp32, P@V with p cast to the cache dtype (bf16), fp32 accumulation.
 Tokens >= seq_len (the partial last page) and -1 slots are masked. It writes (o / l, lse) per
-query head and split; `_merge_kernel`, grid (S * Hq,), combines the splits by log-sum-exp and
-writes out in q's dtype. The split count is fixed by the workspace and the batch shape, never by
-data, so one captured graph serves every context.
+query head and split; then (MERGE) the pair's last program to arrive combines the splits by
+log-sum-exp and writes out in q's dtype (topk_one.py's arrival protocol: nobody waits), which saves
+`_merge_kernel`'s launch, grid (S * Hq,), kept for MERGE=False. The split count is fixed by the
+workspace and the batch shape, never by data, so one captured graph serves every context.
 Bytes: k * B * d * 2 * elt (K+V, 1 MB per (seq, KV head) at b=2048, d=128, bf16)
 + partials 2 * Hq * splits * (d + 1) * 4 (written and re-read).
 """
@@ -28,12 +30,17 @@ PAGES_PER_ITER = 2  # 32 tokens per tl.dot: the N of QK^T and the K of PV
 MAX_SPLITS = 32
 
 
+MERGE_TILE = 8192  # partial values per step of the in-kernel merge (64 fp32 registers per thread at 4 warps)
+
+
 @dataclass(frozen=True)
 class DecodeWorkspace:
-    """Split-K partials: out [S_max, Hq, splits, d] fp32 and lse [S_max, Hq, splits] fp32."""
+    """Split-K partials: out [S_max, Hq, splits, d] fp32 and lse [S_max, Hq, splits] fp32; arrivals
+    int32 [S_max * Hq] (>= one counter per (sequence, KV head)), zero between calls."""
 
     partial_out: torch.Tensor
     partial_lse: torch.Tensor
+    arrivals: torch.Tensor
 
     @property
     def max_splits(self) -> int:
@@ -42,11 +49,12 @@ class DecodeWorkspace:
 
 @triton.jit
 def _sparse_decode_kernel(
-    q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sel_ptr, part_out_ptr, part_lse_ptr,
-    s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt,
+    q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sel_ptr, part_out_ptr, part_lse_ptr, arrivals_ptr, out_ptr,
+    s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_os, s_oh,
     num_kv_heads, num_q_heads, K, num_splits, max_splits, scale,
     G: tl.constexpr, G_DOT: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr,
-    PPI: tl.constexpr, FP32: tl.constexpr,
+    PPI: tl.constexpr, FP32: tl.constexpr, MERGE: tl.constexpr = True, SPLIT_PAD: tl.constexpr = 32,
+    DC: tl.constexpr = 32,
 ):
     pair = tl.program_id(0)
     split = tl.program_id(1)
@@ -81,6 +89,7 @@ def _sparse_decode_kernel(
         valid = live & (page * B + tok < seq_len)
         kv_mask = valid[:, None] & dm[None, :]
         k = tl.load(k_ptr + blk[:, None] * s_kb + tok[:, None] * s_kt + h * s_kh + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + blk[:, None] * s_vb + tok[:, None] * s_vt + h * s_vh + d[None, :], mask=kv_mask, other=0.0)
         logits = mm(q, tl.trans(k.to(KV_T)), FP32) * scale  # [G_DOT, N]
         logits = tl.where(valid[None, :], logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(logits, axis=1))
@@ -88,7 +97,6 @@ def _sparse_decode_kernel(
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(logits - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + blk[:, None] * s_vb + tok[:, None] * s_vt + h * s_vh + d[None, :], mask=kv_mask, other=0.0)
         acc = acc * alpha[:, None] + mm(p.to(KV_T), v.to(KV_T), FP32)
         m_i = m_new
     has = l_i > 0
@@ -98,6 +106,33 @@ def _sparse_decode_kernel(
     tl.store(part_lse_ptr + head * max_splits + split, lse, mask=gm)
     o_ptr = part_out_ptr + (head.to(tl.int64) * max_splits + split)[:, None] * D + d[None, :]
     tl.store(o_ptr, o, mask=gm[:, None] & dm[None, :])
+    if MERGE:
+        tl.debug_barrier()  # every thread's partials are issued before the arrival
+        if tl.atomic_add(arrivals_ptr + pair, 1, sem="acq_rel") == num_splits - 1:
+            tl.store(arrivals_ptr + pair, 0)
+            _merge_heads(part_out_ptr, part_lse_ptr, out_ptr + s * s_os, head, h * G + g, gm, s_oh, num_splits,
+                         max_splits, D, D_PAD, SPLIT_PAD, DC)
+
+
+@triton.jit
+def _merge_heads(part_out_ptr, part_lse_ptr, out_row, head, qh, gm, s_oh, num_splits, max_splits,
+                 D: tl.constexpr, D_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, DC: tl.constexpr):
+    """out[qh] = the splits' (o, lse) of flat heads `head` [G_DOT] combined by log-sum-exp, DC dims at a time."""
+    sp = tl.arange(0, SPLIT_PAD)
+    ok = gm[:, None] & (sp < num_splits)[None, :]
+    lse = tl.load(part_lse_ptr + head[:, None] * max_splits + sp[None, :], mask=ok, other=float("-inf"))
+    top = tl.max(lse, axis=1)
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.where(ok & (lse > float("-inf")), tl.exp(lse - top_safe[:, None]), 0.0)  # [G_DOT, SPLIT_PAD]
+    total = tl.sum(w, axis=1)
+    total_safe = tl.where(total > 0, total, 1.0)
+    for first in tl.static_range(0, D_PAD, DC):
+        dd = first + tl.arange(0, DC)
+        rows = (head.to(tl.int64)[:, None] * max_splits + sp[None, :])[:, :, None] * D + dd[None, None, :]
+        o = tl.load(part_out_ptr + rows, mask=(w > 0)[:, :, None] & (dd < D)[None, None, :], other=0.0)
+        res = tl.sum(w[:, :, None] * o, axis=1) / total_safe[:, None]
+        tl.store(out_row + qh[:, None] * s_oh + dd[None, :], res.to(out_row.dtype.element_ty),
+                 mask=gm[:, None] & (dd < D)[None, :])
 
 
 @triton.jit

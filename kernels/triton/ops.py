@@ -19,6 +19,7 @@ from . import build as _build
 from . import decode as _decode
 from . import score_select as _ss
 from . import topk as _sel
+from . import topk_one as _one
 from ._common import (
     FP32_EPS,
     RowConstants,
@@ -216,21 +217,30 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
 
 def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget,
                    tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING) -> None:
-    """Kernels 2-5 of score_select, or 2 and the row kernel (`tuning.row_select`; arguments already
-    checked; topk.py), over min(score_chunks, tuning.select_chunks) chunks per pair. The kernel bench
-    times them alone."""
+    """The selection launches of score_select after the score kernel (`tuning.select_path`: one
+    launch, topk_one.py; four, or keys + row kernel, topk.py; arguments already checked), over
+    min(score_chunks, tuning.select_chunks) chunks per pair. The kernel bench times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
     chunks = max(1, min(score_chunks, tuning.select_chunks))
     pick = dict(COARSE_PICK=tuning.coarse_pick)
     common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS)
     sizes = (num_kv_heads, ws.max_pages, chunks, page_budget)
+    keys = dict(G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
+                STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, **common)
+    if tuning.select_path == "one":
+        _one._keys_select_kernel[(pairs, chunks)](
+            ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, ws.cand_low, ws.cand_page,
+            seq_lens, selected_pages, *sizes, score_chunks,
+            K_PAD=next_pow2(page_budget), CAND=_one.CAND, SELECT_BLOCK=_one.SELECT_BLOCK,
+            num_warps=_one.SELECT_WARPS, **keys, **pick,
+        )
+        return
     _sel._keys_kernel[(pairs, chunks)](
         ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, seq_lens, *sizes, score_chunks,
-        G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
-        STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common,
+        num_warps=_sel.KEYS_WARPS, **keys,
     )
-    if tuning.row_select:
+    if tuning.select_path == "row":
         _sel._row_select_kernel[(pairs,)](
             ws.keys, ws.hist, seq_lens, selected_pages, num_kv_heads, ws.max_pages, page_budget,
             B=PAGE_SIZE, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS, BLOCK=_sel.ROW_BLOCK,
@@ -254,10 +264,11 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
 def decode_workspace(
     max_num_seqs: int, num_q_heads: int, head_dim: int, device: torch.device | str, num_splits: int = _decode.MAX_SPLITS
 ) -> DecodeWorkspace:
-    """Split-K partials for sparse_paged_decode: fp32 out [S, Hq, splits, d] and lse [S, Hq, splits]."""
+    """Split-K partials for sparse_paged_decode: fp32 out [S, Hq, splits, d] and lse [S, Hq, splits], int32 arrivals [S * Hq]."""
     return DecodeWorkspace(
         partial_out=torch.empty((max_num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=device),
         partial_lse=torch.empty((max_num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=device),
+        arrivals=torch.zeros((max_num_seqs * num_q_heads,), dtype=torch.int32, device=device),  # kept zero between calls
     )
 
 
@@ -277,8 +288,12 @@ def sparse_paged_decode(
     scale: float,
     out: torch.Tensor,
     workspace: DecodeWorkspace,
+    *,
+    merge_in_decode: bool = True,
 ) -> None:
-    """q [S, Hq, d], caches [NB, 16, Hkv, d], selected_pages int32 [S, Hkv, k] (logical, -1 skipped) -> writes out [S, Hq, d] (q dtype)."""
+    """q [S, Hq, d], caches [NB, 16, Hkv, d], selected_pages int32 [S, Hkv, k] (logical, -1 skipped) -> writes out [S, Hq, d] (q dtype).
+
+    merge_in_decode False: the splits are combined by a second launch (`_merge_kernel`), as before session 5."""
     num_seqs, num_q_heads, head_dim = q.shape
     check(k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE and k_cache.shape == v_cache.shape,
           f"k_cache/v_cache must both be [NB, {PAGE_SIZE}, Hkv, d]; got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
@@ -295,18 +310,23 @@ def sparse_paged_decode(
     check(ws.partial_out.shape[0] >= num_seqs and ws.partial_out.shape[1] == num_q_heads and ws.partial_out.shape[3] == head_dim,
           f"decode workspace {tuple(ws.partial_out.shape)} does not fit S={num_seqs}, Hq={num_q_heads}, d={head_dim}; "
           "rebuild it with decode_workspace(max_num_seqs, Hq, d, device)")
+    check(ws.arrivals.numel() >= num_seqs * num_kv_heads, f"decode workspace has {ws.arrivals.numel()} arrival counters "
+          f"< S*Hkv={num_seqs * num_kv_heads}; rebuild it with decode_workspace(max_num_seqs, Hq, d, device)")
     page_budget = selected_pages.shape[2]
     group = num_q_heads // num_kv_heads
     splits = decode_splits(num_seqs, num_kv_heads, page_budget, ws, device_index(q))
+    g_dot, split_pad = next_pow2(group), next_pow2(splits)
     _decode._sparse_decode_kernel[(num_seqs * num_kv_heads, splits)](
-        q, k_cache, v_cache, block_table, seq_lens, selected_pages, ws.partial_out, ws.partial_lse,
+        q, k_cache, v_cache, block_table, seq_lens, selected_pages, ws.partial_out, ws.partial_lse, ws.arrivals, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), out.stride(0), out.stride(1),
         num_kv_heads, num_q_heads, page_budget, splits, ws.max_splits, scale,
-        G=group, G_DOT=next_pow2(group), D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE,
-        PPI=_decode.PAGES_PER_ITER, FP32=dot_in_fp32(k_cache), num_warps=4,
+        G=group, G_DOT=g_dot, D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE,
+        PPI=_decode.PAGES_PER_ITER, FP32=dot_in_fp32(k_cache), MERGE=merge_in_decode, SPLIT_PAD=split_pad,
+        DC=min(next_pow2(head_dim), max(1, _decode.MERGE_TILE // (g_dot * split_pad))), num_warps=4,
     )
-    _decode._merge_kernel[(num_seqs * num_q_heads,)](
-        ws.partial_out, ws.partial_lse, out, out.stride(0), out.stride(1), num_q_heads, splits, ws.max_splits,
-        D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=next_pow2(splits), num_warps=4,
-    )
+    if not merge_in_decode:
+        _decode._merge_kernel[(num_seqs * num_q_heads,)](
+            ws.partial_out, ws.partial_lse, out, out.stride(0), out.stride(1), num_q_heads, splits, ws.max_splits,
+            D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=split_pad, num_warps=4,
+        )

@@ -1,4 +1,4 @@
-"""Page scoring for score_select (locks.md §2): kernel 1 of 5; kernels 2-5 (combine + top-k) are in topk.py.
+"""Page scoring for score_select (locks.md §2): its first launch; combine + top-k follow (topk_one.py, topk.py).
 
 Reference: `reference.score.summary_page_scores` over the scored pages (`config.scored_pages`: every
 page before the recent one).
@@ -39,6 +39,7 @@ MAX_CHUNKS = 128  # workspace capacity: score programs per (sequence, KV head); 
 # (2026-11-29, 128K bs1, coarse picks) selection took 21.9 us over 32 chunks, 23.4 over 64 and 28.6 over
 # 128, so it stays at 32 while the score grid fills every program slot.
 SELECT_CHUNKS = 32
+SELECT_PATHS = ("one", "four", "row")
 SCORE_WARPS = 4
 SCORE_MAXNREG = 128  # r8i4, G=8, d=128: no spill at 4 warps (aot.py); 96 spills, uncapped is 1 program/SM
 # Programs do equal work, so the launch fills at most one wave (2.06 waves take 3 waves' time, one
@@ -65,9 +66,11 @@ class ScoreTuning:
     # faster: the scorer waits on loads and shared memory, not issue, once 128 chunks fill the SMs).
     # H200 2026-11-29, 128K bs1, 128 chunks: 46.6 us (neither), 46.3 (words), 44.6 (vector), 42.4 (both).
     coef_vector: bool = True
-    # True: selection in two launches (keys, then one program per (sequence, KV head): topk.py's row
-    # path) instead of four; fewer dependent launches, less parallel passes. Untimed on the H200.
-    row_select: bool = False
+    # Selection after the score kernel: "one" launch (topk_one.py: keys per chunk, the pair's last
+    # program selects), "four" (topk.py: keys, gather, resolve, finalize; the session-4 default) or
+    # "row" (keys, then one program per (sequence, KV head)). H200 2026-11-30, bs1: four 19.0 µs at 32K,
+    # 19.5 at 128K (`bench-kernel-glm4-h200-s5.jsonl`); row 19.0 / 46.5 (`score-sweep-h200-s4.md`).
+    select_path: str = "one"
     # Chunks per (sequence, KV head) at most. At 64 a bs1 launch (4 KV heads) filled 256 of the 528
     # program slots; ncu on the H200 (2026-11-29, 128K bs1) saw 0.5 waves, 1.9 active warps per
     # scheduler and an issue every 3.2 cycles: the kernel waits on loads with too few warps to hide
@@ -78,6 +81,8 @@ class ScoreTuning:
     coarse_pick: bool = True
 
     def __post_init__(self) -> None:
+        if self.select_path not in SELECT_PATHS:
+            raise ValueError(f"select_path {self.select_path!r} must be one of {SELECT_PATHS}")
         for name in ("max_chunks", "select_chunks"):
             if not 1 <= getattr(self, name) <= MAX_CHUNKS:
                 raise ValueError(f"{name} {getattr(self, name)} must be in 1..{MAX_CHUNKS} (the workspace capacity)")

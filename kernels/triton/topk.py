@@ -1,4 +1,6 @@
-"""Group combine + top-(k-2) page selection of score_select: kernels 2-5, after the score kernel.
+"""Group combine + top-(k-2) page selection of score_select: the key and histogram helpers every path
+uses, and the multi-launch paths (`ScoreTuning.select_path` "four" and "row"); the default one-launch
+path is topk_one.py.
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`.
 
@@ -25,7 +27,7 @@ took 473 us per layer at 128K on the H200 against 31 us on random queries.)
 Histogram atomics are pre-aggregated per block when the block's digits span < 64 bins (a flat
 distribution would otherwise send every lane's atomic to one address).
 
-Row path (`ScoreTuning.row_select`, two launches instead of four): after `_keys_kernel`,
+Row path (`ScoreTuning.select_path="row"`, two launches instead of four): after `_keys_kernel`,
 `_row_select_kernel` runs one program per (sequence, KV head): threshold bin b1 from the pair's
 histogram, a pass over the keys for the low-bit histogram of bin b1 (in registers), then one pass in
 page order that writes every page above the threshold key and the first ties, already ascending.
@@ -122,56 +124,68 @@ def _keys_kernel(
     ranges (and every later kernel's) are `num_chunks` selection chunks, which may be fewer."""
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
-        g = tl.arange(0, GS)
-        gm = g < G
-        ch = tl.arange(0, MAXC)
-        part = (pair * MAXC + ch[:, None]) * GS + g[None, :]
-        cmask = (ch[:, None] < num_score_chunks) & gm[None, :]
-        c_max = tl.load(chunk_max_ptr + part, mask=cmask, other=float("-inf"))
-        c_sum = tl.load(chunk_sum_ptr + part, mask=cmask, other=0.0)
-        top = tl.max(c_max, axis=0)
-        top_safe = tl.where(top == float("-inf"), 0.0, top)
-        total = tl.sum(c_sum * tl.exp(c_max - top_safe[None, :]), axis=0)
-        # Heads with shares: the real ones (g < G; slots G..GS-1 only pad G to a power of two) with a
-        # positive normalizer. The others must add nothing under any rule (and not be counted by the
-        # average): their scores load as -inf, and -inf - log Z with log Z = -inf would be NaN.
-        has_mass = gm & (total > 0.0)
-        log_norm = top_safe + tl.log(tl.where(has_mass, total, 1.0))  # [GS] log Z_g, finite in every slot
-        if RULE == 2:  # group_mass: logsumexp_g s - logsumexp over every (g, page)
-            log_norm = tl.where(has_mass, log_norm, float("-inf"))
-            norm_max = tl.max(log_norm, axis=0)
-            offset = norm_max + tl.log(tl.sum(tl.exp(log_norm - norm_max), axis=0))
-        elif RULE == 0:  # share_average: log(mean_g share_g)
-            offset = tl.log(G * 1.0)
+        _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
+                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW)
+
+
+@triton.jit
+def _chunk_keys(
+    scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
+    max_pages, num_chunks, num_score_chunks,
+    G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, RULE: tl.constexpr,
+    BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
+):
+    """Keys and histogram counts of the contested pages of one selection chunk of one pair."""
+    g = tl.arange(0, GS)
+    gm = g < G
+    ch = tl.arange(0, MAXC)
+    part = (pair * MAXC + ch[:, None]) * GS + g[None, :]
+    cmask = (ch[:, None] < num_score_chunks) & gm[None, :]
+    c_max = tl.load(chunk_max_ptr + part, mask=cmask, other=float("-inf"))
+    c_sum = tl.load(chunk_sum_ptr + part, mask=cmask, other=0.0)
+    top = tl.max(c_max, axis=0)
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
+    total = tl.sum(c_sum * tl.exp(c_max - top_safe[None, :]), axis=0)
+    # Heads with shares: the real ones (g < G; slots G..GS-1 only pad G to a power of two) with a
+    # positive normalizer. The others must add nothing under any rule (and not be counted by the
+    # average): their scores load as -inf, and -inf - log Z with log Z = -inf would be NaN.
+    has_mass = gm & (total > 0.0)
+    log_norm = top_safe + tl.log(tl.where(has_mass, total, 1.0))  # [GS] log Z_g, finite in every slot
+    if RULE == 2:  # group_mass: logsumexp_g s - logsumexp over every (g, page)
+        log_norm = tl.where(has_mass, log_norm, float("-inf"))
+        norm_max = tl.max(log_norm, axis=0)
+        offset = norm_max + tl.log(tl.sum(tl.exp(log_norm - norm_max), axis=0))
+    elif RULE == 0:  # share_average: log(mean_g share_g)
+        offset = tl.log(G * 1.0)
+    else:
+        offset = 0.0
+    first, last = _chunk_range(num_pages, chunk, num_chunks)
+    score_rows = scores_ptr + pair.to(tl.int64) * max_pages * GS
+    for start in range(first, last, BLOCK):
+        page = start + tl.arange(0, BLOCK)
+        pm = page < last
+        sc = tl.load(score_rows + page[:, None] * GS + g[None, :], mask=pm[:, None] & gm[None, :], other=float("-inf"))
+        if RULE == 2:
+            x = sc
+        else:  # log share per head; -inf (share 0) for heads without shares, as in the reference
+            x = tl.where(has_mass[None, :], sc - log_norm[None, :], float("-inf"))
+        x_max = tl.max(x, axis=1)
+        if RULE == 1:  # group_max: the largest share
+            key = x_max
         else:
-            offset = 0.0
-        first, last = _chunk_range(num_pages, chunk, num_chunks)
-        score_rows = scores_ptr + pair.to(tl.int64) * max_pages * GS
-        for start in range(first, last, BLOCK):
-            page = start + tl.arange(0, BLOCK)
-            pm = page < last
-            sc = tl.load(score_rows + page[:, None] * GS + g[None, :], mask=pm[:, None] & gm[None, :], other=float("-inf"))
-            if RULE == 2:
-                x = sc
-            else:  # log share per head; -inf (share 0) for heads without shares, as in the reference
-                x = tl.where(has_mass[None, :], sc - log_norm[None, :], float("-inf"))
-            x_max = tl.max(x, axis=1)
-            if RULE == 1:  # group_max: the largest share
-                key = x_max
-            else:
-                x_safe = tl.where(x_max == float("-inf"), 0.0, x_max)
-                key = x_safe + tl.log(tl.where(pm, tl.sum(tl.exp(x - x_safe[:, None]), axis=1), 1.0))
-            key = key - offset
-            # NaN (from NaN inputs; the reference counts NaN as -inf) becomes the lowest key: a NaN cast
-            # to int would index the histogram out of bounds.
-            key = tl.minimum(tl.maximum(tl.where(key == key, key, -64.0), -64.0), 0.0)
-            fixed = (key * STEPS).to(tl.int32) + 64 * STEPS  # 0 = share <= e^-64
-            fixed = tl.minimum(fixed, 64 * STEPS - 1)
-            tl.store(keys_ptr + pair.to(tl.int64) * max_pages + page, fixed, mask=pm)
-            digit = fixed >> LOW_BITS
-            hist_row = hist_ptr + pair * (NBINS + _COARSE)
-            _add_to_histogram(hist_row, digit, pm, WINDOW, NBINS)
-            _add_to_histogram(hist_row + NBINS, digit // (NBINS // _COARSE), pm, _COARSE, _COARSE)
+            x_safe = tl.where(x_max == float("-inf"), 0.0, x_max)
+            key = x_safe + tl.log(tl.where(pm, tl.sum(tl.exp(x - x_safe[:, None]), axis=1), 1.0))
+        key = key - offset
+        # NaN (from NaN inputs; the reference counts NaN as -inf) becomes the lowest key: a NaN cast
+        # to int would index the histogram out of bounds.
+        key = tl.minimum(tl.maximum(tl.where(key == key, key, -64.0), -64.0), 0.0)
+        fixed = (key * STEPS).to(tl.int32) + 64 * STEPS  # 0 = share <= e^-64
+        fixed = tl.minimum(fixed, 64 * STEPS - 1)
+        tl.store(keys_ptr + pair.to(tl.int64) * max_pages + page, fixed, mask=pm)
+        digit = fixed >> LOW_BITS
+        hist_row = hist_ptr + pair * (NBINS + _COARSE)
+        _add_to_histogram(hist_row, digit, pm, WINDOW, NBINS)
+        _add_to_histogram(hist_row + NBINS, digit // (NBINS // _COARSE), pm, _COARSE, _COARSE)
 
 
 @triton.jit

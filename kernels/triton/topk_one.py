@@ -1,0 +1,166 @@
+"""Group combine + top-(k-2) page selection in ONE launch after the score kernel (the default path).
+
+Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`;
+keys, histogram and tie rule are topk.py's (23-bit fixed-point log shares, ties to the lower page id).
+
+`_keys_select_kernel`, grid (S * Hkv, chunks): every program computes the keys of its chunk and adds
+their top 13 bits to the pair's histogram (topk.py `_chunk_keys`), then arrives at the pair's counter.
+The program that arrives last (it alone sees count = chunks - 1; no program ever waits, so the grid
+needs no co-residency and the interpreter's one-program-at-a-time order works) selects:
+- threshold bin b1 and the count still needed from it, from the finished histogram (coarse pick);
+- fast path, at most CAND pages in bin b1 (what real attention gives; flat attention does not):
+  one pass over the keys writes the pages above b1 and the pages of b1 to scratch, in page order;
+  the bin's pages are ranked against each other in registers, and the two sorted lists are merged by
+  counting, so the output row comes out ascending without a sort;
+- slow path (a crowded bin): the low 10 bits' threshold by binary search, each step a pass over the
+  keys, then the tie cut-off page, then one ordered output pass.
+The pass structure replaces topk.py's three launches after the keys (gather, resolve, finalize); on
+the H200 each launch cost ~4-6 µs at bs1 whatever the context (`score-sweep-h200-s4.md`).
+
+Memory order: each program's stores and histogram atomics, then a CTA barrier, then one acq_rel
+atomic on the counter (Triton issues a scalar atomic from one thread): the CUTLASS semaphore pattern.
+The last program clears the histogram and the counter for the next call (CUDA-graph replays).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .topk import _COARSE, _chunk_keys, _pick_top_bin, _program_pages
+
+CAND = 64  # bin-b1 pages ranked in registers ([CAND, CAND] compares); more take the slow path
+SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread at 8 warps)
+SELECT_WARPS = 8
+
+
+@triton.jit
+def _dense_row(out_row, num_pages, K, K_PAD: tl.constexpr):
+    """Pages <= k: every page, -1 padded (the dense fallback, decided on the device)."""
+    slot = tl.arange(0, K_PAD)
+    tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
+
+
+@triton.jit
+def _count_from(key_row, recent, lo, hi, BLOCK: tl.constexpr):
+    """Contested pages (1 .. recent-1) whose key u has lo <= u < hi."""
+    n = 0
+    for start in range(1, recent, BLOCK):
+        page = start + tl.arange(0, BLOCK)
+        u = tl.load(key_row + page, mask=page < recent, other=-1, cache_modifier=".cg")
+        n += tl.sum(((u >= lo) & (u < hi)).to(tl.int32), axis=0)
+    return n
+
+
+@triton.jit
+def _crowded_cut(key_row, recent, b1, need_in, LOW_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """(threshold key T, last page taken at T) when bin b1 holds more than CAND pages: the largest low
+    part with >= need_in keys of the bin at or above it, by binary search (one pass per bit)."""
+    bin_lo = b1 << LOW_BITS
+    bin_hi = (b1 + 1) << LOW_BITS
+    low = 0
+    for bit in tl.static_range(LOW_BITS - 1, -1, -1):
+        test = low | (1 << bit)
+        if _count_from(key_row, recent, bin_lo | test, bin_hi, BLOCK) >= need_in:
+            low = test
+    threshold = bin_lo | low
+    ties_wanted = need_in - _count_from(key_row, recent, threshold + 1, bin_hi, BLOCK)
+    n_tie = 0
+    last_page = -1
+    for start in range(1, recent, BLOCK):
+        page = start + tl.arange(0, BLOCK)
+        u = tl.load(key_row + page, mask=page < recent, other=-1, cache_modifier=".cg")
+        tie = u == threshold
+        rank = n_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1
+        last_page = tl.maximum(last_page, tl.max(tl.where(tie & (rank == ties_wanted - 1), page, -1), axis=0))
+        n_tie += tl.sum(tie.to(tl.int32), axis=0)
+    return threshold, last_page
+
+
+@triton.jit
+def _select_crowded(key_row, out_row, recent, b1, need_in, LOW_BITS: tl.constexpr, BLOCK: tl.constexpr):
+    """Slow path: pages above the cut (and ties up to its page) in page order, one pass."""
+    threshold, last_page = _crowded_cut(key_row, recent, b1, need_in, LOW_BITS, BLOCK)
+    n_out = 0
+    for start in range(1, recent, BLOCK):
+        page = start + tl.arange(0, BLOCK)
+        u = tl.load(key_row + page, mask=page < recent, other=-1, cache_modifier=".cg")
+        take = (u > threshold) | ((u == threshold) & (page <= last_page))
+        tl.store(out_row + 1 + n_out + tl.cumsum(take.to(tl.int32), axis=0) - 1, page, mask=take)
+        n_out += tl.sum(take.to(tl.int32), axis=0)
+
+
+@triton.jit
+def _select_sparse_bin(key_row, out_row, page_row, low_row, recent, b1, need_in, above,
+                       LOW_BITS: tl.constexpr, BLOCK: tl.constexpr, K_PAD: tl.constexpr, CAND: tl.constexpr):
+    """Fast path: `above` pages with digit > b1 and need_in of the <= CAND pages of bin b1, ascending."""
+    n_up = 0
+    n_in = 0
+    for start in range(1, recent, BLOCK):
+        page = start + tl.arange(0, BLOCK)
+        u = tl.load(key_row + page, mask=page < recent, other=-1, cache_modifier=".cg")
+        digit = u >> LOW_BITS
+        up = (page < recent) & (digit > b1)
+        inside = (page < recent) & (digit == b1)
+        tl.store(page_row + n_up + tl.cumsum(up.to(tl.int32), axis=0) - 1, page, mask=up)
+        pos = above + n_in + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+        tl.store(page_row + pos, page, mask=inside)
+        tl.store(low_row + pos, u & ((1 << LOW_BITS) - 1), mask=inside)
+        n_up += tl.sum(up.to(tl.int32), axis=0)
+        n_in += tl.sum(inside.to(tl.int32), axis=0)
+    tl.debug_barrier()  # the lists are read back by other threads of this program
+    c = tl.arange(0, CAND)
+    cm = c < n_in
+    b_page = tl.load(page_row + above + c, mask=cm, other=2147483647)
+    b_low = tl.load(low_row + above + c, mask=cm, other=-1)
+    # Rank in the bin: larger low bits first, then the lower page (list order is page order).
+    better = cm[None, :] & ((b_low[None, :] > b_low[:, None]) | ((b_low[None, :] == b_low[:, None]) & (c[None, :] < c[:, None])))
+    chosen = cm & (tl.sum(better.to(tl.int32), axis=1) < need_in)
+    slot = tl.arange(0, K_PAD)
+    a_ok = slot < above
+    a_page = tl.load(page_row + slot, mask=a_ok, other=2147483647)
+    # Merge by counting: each page's output slot = pages of the other list below it + its own rank.
+    chosen_below_a = tl.sum((chosen[None, :] & (b_page[None, :] < a_page[:, None])).to(tl.int32), axis=1)
+    tl.store(out_row + 1 + slot + chosen_below_a, a_page, mask=a_ok)
+    a_below_b = tl.sum((a_ok[None, :] & (a_page[None, :] < b_page[:, None])).to(tl.int32), axis=1)
+    chosen_rank = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
+    tl.store(out_row + 1 + a_below_b + chosen_rank, b_page, mask=chosen)
+
+
+@triton.jit
+def _keys_select_kernel(
+    scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr,
+    seq_lens_ptr, out_ptr,
+    num_kv_heads, max_pages, num_chunks, K, num_score_chunks,
+    G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
+    BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
+    K_PAD: tl.constexpr, CAND: tl.constexpr, SELECT_BLOCK: tl.constexpr, COARSE_PICK: tl.constexpr = True,
+):
+    """Keys of every chunk, then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
+    pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
+    out_row = out_ptr + pair.to(tl.int64) * K
+    if num_pages > K:
+        _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
+                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW)
+        tl.debug_barrier()  # every thread's keys and counts are issued before the arrival
+        counter = counts_ptr + pair * (2 * MAXC + 1) + MAXC
+        if tl.atomic_add(counter, 1, sem="acq_rel") == num_chunks - 1:
+            hist_row = hist_ptr + pair * (NBINS + _COARSE)
+            b1, need_in = _pick_top_bin(hist_row, K - 2, NBINS, COARSE_PICK)
+            in_bin = tl.load(hist_row + b1)
+            tl.debug_barrier()  # every lane has read its counts before any lane zeroes them
+            tl.store(hist_row + tl.arange(0, NBINS), tl.zeros([NBINS], tl.int32))
+            tl.store(hist_row + NBINS + tl.arange(0, _COARSE), tl.zeros([_COARSE], tl.int32))
+            tl.store(counter, 0)
+            key_row = keys_ptr + pair.to(tl.int64) * max_pages
+            recent = num_pages - 1
+            if in_bin <= CAND:
+                scratch = pair.to(tl.int64) * max_pages
+                _select_sparse_bin(key_row, out_row, cand_page_ptr + scratch, cand_low_ptr + scratch, recent, b1,
+                                   need_in, K - 2 - need_in, LOW_BITS, SELECT_BLOCK, K_PAD, CAND)
+            else:
+                _select_crowded(key_row, out_row, recent, b1, need_in, LOW_BITS, SELECT_BLOCK)
+            tl.store(out_row, 0)
+            tl.store(out_row + K - 1, recent)
+    elif chunk == 0:
+        _dense_row(out_row, num_pages, K, K_PAD)
