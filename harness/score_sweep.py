@@ -32,20 +32,23 @@ log = logging.getLogger(__name__)
 
 VARIANTS = (
     # 128 score chunks (every program slot at bs1), <= 32 selection chunks with coarse threshold picks,
-    # 32-bit-word int4 decode, one vector load per token's coefficients (H200 sweeps of 2026-11-29 s4)
+    # 32-bit-word int4 decode, one vector load per token's coefficients (H200 sweeps of 2026-11-29 s4);
+    # selection in one launch, the last program holding the keys in registers (s5)
     DEFAULT_TUNING,
-    ScoreTuning(word_nibbles=False, coef_vector=False, select_chunks=64),  # s4's first step: the grid only
-    # the default of sessions 1-3 (docs/results/score-sweep-h200-s3.md)
-    ScoreTuning(max_chunks=64, select_chunks=64, coarse_pick=False, word_nibbles=False, coef_vector=False),
-    ScoreTuning(coarse_pick=False),  # every threshold pick scans all 8192 histogram counts
+    ScoreTuning(register_select=False),  # the one-launch path's passes over memory (contexts > 256K)
     ScoreTuning(select_chunks=64),
-    ScoreTuning(select_chunks=16),
-    ScoreTuning(word_nibbles=False),  # int4 codes decoded per byte
-    ScoreTuning(coef_vector=False),  # one load per coefficient
+    ScoreTuning(select_chunks=128),
     # selection in 4 launches (topk.py; the default of session 4) and in 2 (row path; H200 s4: 19.0 vs
     # 21.3 us at 32K bs1, 46.5 vs 21.9 at 128K: one program streams all keys twice)
     ScoreTuning(select_path="four"),
     ScoreTuning(select_path="row"),
+    ScoreTuning(word_nibbles=False, coef_vector=False, select_chunks=64),  # s4's first step: the grid only
+    # the default of sessions 1-3 (docs/results/score-sweep-h200-s3.md)
+    ScoreTuning(max_chunks=64, select_chunks=64, coarse_pick=False, word_nibbles=False, coef_vector=False),
+    ScoreTuning(coarse_pick=False),  # every threshold pick scans all 8192 histogram counts
+    ScoreTuning(select_chunks=16),
+    ScoreTuning(word_nibbles=False),  # int4 codes decoded per byte
+    ScoreTuning(coef_vector=False),  # one load per coefficient
     ScoreTuning(warps=8),  # the default of session 1
     # No 2-warp or < 128-register variants: sm_90 compiles of them spill (aot.py; 848 B at 2 x 128).
     ScoreTuning(maxnreg=None),
@@ -53,6 +56,32 @@ VARIANTS = (
     ScoreTuning(mantissa_nibbles=False, word_nibbles=False),  # int-to-float conversion of the codes
     ScoreTuning(tile=32),
 )
+
+
+def decode_cell(geom, state: _ContextState, batch: int, budget_tokens: int, replays: int) -> list[dict]:
+    """The sparse decode with the splits merged by the last split (default) and by a second launch, on
+    the sink + recent + evenly spaced pages (selection does not change the decode's cost)."""
+    k_pages = SelectionConfig(budget_tokens=budget_tokens).page_budget
+    q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
+    bt = state.block_table[:batch]
+    seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device="cuda")
+    recent = -(-state.seq_len // PAGE_SIZE) - 1
+    pages = torch.linspace(0, recent, k_pages).round().to(torch.int32).unique()
+    selected = pages.to("cuda").expand(batch, geom.num_kv_heads, -1).contiguous()
+    out = torch.empty_like(q)
+    ws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, "cuda")
+    rows, first = [], None
+    for merge in (True, False):
+        def decode(merge=merge):
+            for k, v in zip(state.k, state.v):
+                ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, geom.head_dim**-0.5, out, ws, merge_in_decode=merge)
+
+        decode()
+        first = out.clone() if first is None else first
+        timing = _time_graph(decode, replays, state.copies)
+        rows.append({"kind": "decode", "merge_in_decode": merge, "context_tokens": state.seq_len - 1, "batch_size": batch,
+                     "mean_us": timing["mean_us"], "sd_us": timing["sd_us"], "same_output": bool(torch.equal(out, first))})
+    return rows
 
 
 def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int,
@@ -153,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--variants", type=int, default=len(VARIANTS), help="time only the first N of VARIANTS")
     parser.add_argument("--flat", action="store_true", help="zero queries: every key ties (dummy-weight engines)")
+    parser.add_argument("--decode", action="store_true", help="also time the sparse decode's two merge paths")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -170,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
         for batch in batches:
             cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, VARIANTS[: args.variants], args.flat)
             rows.extend(cell)
+            if args.decode:
+                for r in decode_cell(geom, state, batch, args.budget, args.replays):
+                    log.info("decode %s bs%d merge_in_decode=%s: %.1f ± %.1f µs (same output: %s)", format_size(r["context_tokens"]),
+                             batch, r["merge_in_decode"], r["mean_us"], r["sd_us"], r["same_output"])
+                    cell.append(r)
             if args.out:
                 with open(args.out, "a") as f:
                     for r in cell:

@@ -149,13 +149,15 @@ def test_multi_launch_select_paths_match_reference(device, case, path):
 @pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-{c.combine}-k{c.page_budget}"
                          + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
                          + f"-n{sum(c.seq_lens)}")
-def test_one_launch_select_slow_path_matches_reference(device, case, monkeypatch):
-    """The one-launch path with its register ranking limited to a threshold bin of one page: every
-    other bin takes the binary-search path (the default CAND sends only crowded bins there)."""
+@pytest.mark.parametrize("cand", [1, 64])
+def test_one_launch_select_memory_paths_match_reference(device, case, cand, monkeypatch):
+    """The one-launch path's passes over memory (contexts whose keys do not fit in registers): with a
+    threshold bin of at most `cand` pages the bin is ranked in registers, else the binary-search passes
+    run; cand=1 sends nearly every bin there, 64 (the default) only crowded ones."""
     from locks_toolkit.kernels.triton import topk_one
 
-    monkeypatch.setattr(topk_one, "CAND", 1)
-    result = check_score_select(device, case, fresh_seed())
+    monkeypatch.setattr(topk_one, "CAND", cand)
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(register_select=False))
     assert result.ok, str(result)
 
 
@@ -193,6 +195,7 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     picks = []
     for tuning in (ScoreTuning(select_path="row"), ScoreTuning(), ScoreTuning(select_path="four"),
+                   ScoreTuning(register_select=False),
                    ScoreTuning(select_path="row", coarse_pick=False), ScoreTuning(select_path="four", coarse_pick=False),
                    ScoreTuning(coarse_pick=False), ScoreTuning()):
         selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
@@ -204,7 +207,7 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", ["one", "four", "row"])
+@pytest.mark.parametrize("path", ["one", "one-memory", "four", "row"])
 def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path):
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
@@ -232,7 +235,7 @@ def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(devic
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
     ops.score_select(q.to(device), rows, table, lens, selected, layout, k, d**-0.5, workspace=ws,
-                     tuning=ScoreTuning(select_path=path))
+                     tuning=ScoreTuning(select_path=path.split("-")[0], register_select=path != "one-memory"))
     contested = ws.keys[: seqs * hkv, 1 : pages - 1]
     assert bool(((contested == contested.min(dim=1, keepdim=True).values).sum(dim=1) > 100).all())  # the ties at stake
     assert selection_problems(selected, ws.keys, seq_len, k) is None, selected.tolist()

@@ -32,6 +32,19 @@ from .topk import _COARSE, _chunk_keys, _pick_top_bin, _program_pages
 CAND = 64  # bin-b1 pages ranked in registers ([CAND, CAND] compares); more take the slow path
 SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread at 8 warps)
 SELECT_WARPS = 8
+# Contested keys the last program holds in registers at most (32 per thread at 16 warps): up to 256K
+# tokens of context; longer ones take the passes over memory (~2 µs per pass at 128K on the H200).
+REG_PAGES_MAX = 16384
+
+
+def register_pages(max_pages: int) -> int:
+    """REG_PAGES of a launch over block tables max_pages wide: a power of two >= the contested pages, or 0."""
+    n = triton.next_power_of_2(max(max_pages - 2, 1))
+    return n if n <= REG_PAGES_MAX else 0
+
+
+def select_warps(reg_pages: int) -> int:
+    return 16 if reg_pages > 4096 else SELECT_WARPS
 
 
 @triton.jit
@@ -128,6 +141,27 @@ def _select_sparse_bin(key_row, out_row, page_row, low_row, recent, b1, need_in,
 
 
 @triton.jit
+def _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS: tl.constexpr, NPAD: tl.constexpr):
+    """Every contested key in registers (recent - 1 <= NPAD): the low bits' threshold by binary search
+    over the bin's keys (10 reductions, no memory traffic), the tie cut by one scan, the pages ascending
+    by another. The same cost for a sparse or a crowded bin."""
+    page = 1 + tl.arange(0, NPAD)
+    u = tl.load(key_row + page, mask=page < recent, other=-1, cache_modifier=".cg")
+    bin_lo = b1 << LOW_BITS
+    in_bin = (u >> LOW_BITS) == b1  # -1 (masked) is in no bin
+    low = 0
+    for bit in tl.static_range(LOW_BITS - 1, -1, -1):
+        test = low | (1 << bit)
+        if tl.sum((in_bin & (u >= (bin_lo | test))).to(tl.int32), axis=0) >= need_in:
+            low = test
+    threshold = bin_lo | low
+    ties_wanted = need_in - tl.sum((in_bin & (u > threshold)).to(tl.int32), axis=0)
+    tie = u == threshold
+    take = (u > threshold) | (tie & (tl.cumsum(tie.to(tl.int32), axis=0) <= ties_wanted))
+    tl.store(out_row + tl.cumsum(take.to(tl.int32), axis=0), page, mask=take)  # slot 1 + rank
+
+
+@triton.jit
 def _keys_select_kernel(
     scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr,
     seq_lens_ptr, out_ptr,
@@ -135,6 +169,7 @@ def _keys_select_kernel(
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
     K_PAD: tl.constexpr, CAND: tl.constexpr, SELECT_BLOCK: tl.constexpr, COARSE_PICK: tl.constexpr = True,
+    REG_PAGES: tl.constexpr = 0,  # > 0: every contested key fits in one [REG_PAGES] register tensor
 ):
     """Keys of every chunk, then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
@@ -154,7 +189,9 @@ def _keys_select_kernel(
             tl.store(counter, 0)
             key_row = keys_ptr + pair.to(tl.int64) * max_pages
             recent = num_pages - 1
-            if in_bin <= CAND:
+            if REG_PAGES > 0:
+                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_PAGES)
+            elif in_bin <= CAND:
                 scratch = pair.to(tl.int64) * max_pages
                 _select_sparse_bin(key_row, out_row, cand_page_ptr + scratch, cand_low_ptr + scratch, recent, b1,
                                    need_in, K - 2 - need_in, LOW_BITS, SELECT_BLOCK, K_PAD, CAND)
