@@ -36,6 +36,7 @@ VARIANTS = (
     # selection in one launch, the last program holding the keys in registers (s5)
     DEFAULT_TUNING,
     ScoreTuning(register_select=False),  # the one-launch path's passes over memory (contexts > 256K)
+    ScoreTuning(select_warps=8),
     ScoreTuning(select_chunks=64),
     ScoreTuning(select_chunks=128),
     # selection in 4 launches (topk.py; the default of session 4) and in 2 (row path; H200 s4: 19.0 vs
@@ -85,20 +86,24 @@ def decode_cell(geom, state: _ContextState, batch: int, budget_tokens: int, repl
 
 
 def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int,
-               variants=VARIANTS, flat: bool = False) -> list[dict]:
-    """flat: zero queries, so every page scores the same and every key ties (the select path's worst case)."""
+               variants=VARIANTS, flat: bool = False, table_pages: int = 0) -> list[dict]:
+    """flat: zero queries, so every page scores the same and every key ties (the select path's worst case).
+    table_pages: block-table width (and workspace pages) when wider than the context's, as in an engine
+    whose max_model_len exceeds the context: launch shapes follow the width, not the live pages."""
     k_pages = SelectionConfig(budget_tokens=budget_tokens).page_budget
     scale = geom.head_dim**-0.5
     q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
     if flat:
         q.zero_()
     bt = state.block_table[:batch]
+    if table_pages > bt.shape[1]:
+        bt = torch.nn.functional.pad(bt, (0, table_pages - bt.shape[1])).contiguous()
     seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device="cuda")
-    ws = ops.score_select_workspace(batch, geom.num_kv_heads, state.pages, "cuda", group_size=geom.group)
+    ws = ops.score_select_workspace(batch, geom.num_kv_heads, bt.shape[1], "cuda", group_size=geom.group)
     rows_out = []
     reference = None
     for tuning in variants:
-        row = {"tuning": asdict(tuning), "context_tokens": state.seq_len - 1, "batch_size": batch}
+        row = {"tuning": asdict(tuning), "context_tokens": state.seq_len - 1, "batch_size": batch, "table_pages": bt.shape[1]}
         try:
             chunks = ops._launch_score(q, state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
             selected = torch.empty((batch, geom.num_kv_heads, k_pages), dtype=torch.int32, device="cuda")
@@ -183,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", type=int, default=len(VARIANTS), help="time only the first N of VARIANTS")
     parser.add_argument("--flat", action="store_true", help="zero queries: every key ties (dummy-weight engines)")
     parser.add_argument("--decode", action="store_true", help="also time the sparse decode's two merge paths")
+    parser.add_argument("--table-pages", type=int, default=0, help="block-table width (an engine's max_model_len / 16)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -198,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     for context in parse_size_list(args.contexts):
         state = _ContextState(geom, layout, context, max(batches), gen)
         for batch in batches:
-            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, VARIANTS[: args.variants], args.flat)
+            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, VARIANTS[: args.variants], args.flat, args.table_pages)
             rows.extend(cell)
             if args.decode:
                 for r in decode_cell(geom, state, batch, args.budget, args.replays):

@@ -74,6 +74,7 @@ class ScoreTuning:
     # The one-launch path's last program: True holds every contested key in registers when they fit
     # (topk_one.REG_PAGES_MAX); False always streams them from memory (what longer contexts do).
     register_select: bool = True
+    select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.select_warps
     # Chunks per (sequence, KV head) at most. At 64 a bs1 launch (4 KV heads) filled 256 of the 528
     # program slots; ncu on the H200 (2026-11-29, 128K bs1) saw 0.5 waves, 1.9 active warps per
     # scheduler and an issue every 3.2 cycles: the kernel waits on loads with too few warps to hide
