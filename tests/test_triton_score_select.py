@@ -162,6 +162,22 @@ def test_one_launch_select_memory_paths_match_reference(device, case, cand, monk
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-{c.combine}-k{c.page_budget}"
+                         + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
+                         + f"-n{sum(c.seq_lens)}")
+def test_one_launch_select_register_sizes_match_reference(device, case, monkeypatch):
+    """The last program's register tensors shrunk to 16 / 32 / 64 + 16 pages, so these cases take every
+    branch: one small tensor, two tensors (69 contested pages in SELECT_CASES[4]) and, beyond 80 pages,
+    the passes over memory; production sizes are 2048 / 4096 / 8192 + 1024."""
+    from locks_toolkit.kernels.triton import topk_one
+
+    for name, size in (("REG_SMALL", 16), ("REG_MID", 32), ("REG_LARGE", 64), ("REG_EXTRA", 16)):
+        monkeypatch.setattr(topk_one, name, size)
+    result = check_score_select(device, case, fresh_seed())
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", [MANY_PAGES_CASE, SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.combine}-n{sum(c.seq_lens)}")
 @pytest.mark.parametrize("coarse_pick", [True, False])
 @pytest.mark.parametrize("path", ["one", "four"])

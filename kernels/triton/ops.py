@@ -229,12 +229,12 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
     keys = dict(G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
                 STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, **common)
     if tuning.select_path == "one":
-        reg_pages = _one.register_pages(ws.max_pages) if tuning.register_select else 0
         _one._keys_select_kernel[(pairs, chunks)](
             ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, ws.cand_low, ws.cand_page,
             seq_lens, selected_pages, *sizes, score_chunks,
-            K_PAD=next_pow2(page_budget), CAND=_one.CAND, SELECT_BLOCK=_one.SELECT_BLOCK, REG_PAGES=reg_pages,
-            num_warps=tuning.select_warps or _one.select_warps(reg_pages), **keys, **pick,
+            K_PAD=next_pow2(page_budget), CAND=_one.CAND, SELECT_BLOCK=_one.SELECT_BLOCK,
+            REGISTERS=tuning.register_select, **_one.register_sizes(),
+            num_warps=tuning.select_warps or _one.SELECT_WARPS, **keys, **pick,
         )
         return
     _sel._keys_kernel[(pairs, chunks)](

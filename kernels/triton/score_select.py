@@ -71,10 +71,10 @@ class ScoreTuning:
     # "row" (keys, then one program per (sequence, KV head)). H200 2026-11-30, bs1: four 19.0 µs at 32K,
     # 19.5 at 128K (`bench-kernel-glm4-h200-s5.jsonl`); row 19.0 / 46.5 (`score-sweep-h200-s4.md`).
     select_path: str = "one"
-    # The one-launch path's last program: True holds every contested key in registers when they fit
-    # (topk_one.REG_PAGES_MAX); False always streams them from memory (what longer contexts do).
+    # The one-launch path's last program: True holds the contested keys in registers when they fit
+    # (topk_one.REG_LARGE + REG_EXTRA); False always streams them from memory (what longer contexts do).
     register_select: bool = True
-    select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.select_warps
+    select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.SELECT_WARPS
     # Chunks per (sequence, KV head) at most. At 64 a bs1 launch (4 KV heads) filled 256 of the 528
     # program slots; ncu on the H200 (2026-11-29, 128K bs1) saw 0.5 waves, 1.9 active warps per
     # scheduler and an issue every 3.2 cycles: the kernel waits on loads with too few warps to hide

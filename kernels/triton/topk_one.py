@@ -32,19 +32,15 @@ from .topk import _COARSE, _chunk_keys, _pick_top_bin, _program_pages
 CAND = 64  # bin-b1 pages ranked in registers ([CAND, CAND] compares); more take the slow path
 SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread at 8 warps)
 SELECT_WARPS = 8
-# Contested keys the last program holds in registers at most (32 per thread at 16 warps): up to 256K
-# tokens of context; longer ones take the passes over memory (~2 µs per pass at 128K on the H200).
-REG_PAGES_MAX = 16384
+# Register tensor sizes of the last program (contested keys; powers of two but REG_EXTRA): up to
+# REG_LARGE + REG_EXTRA = 9216 pages (147K tokens) the keys stay in registers; longer contexts take the
+# passes over memory (~2 µs per pass at 128K on the H200).
+REG_SMALL, REG_MID, REG_LARGE, REG_EXTRA = 2048, 4096, 8192, 1024
 
 
-def register_pages(max_pages: int) -> int:
-    """REG_PAGES of a launch over block tables max_pages wide: a power of two >= the contested pages, or 0."""
-    n = triton.next_power_of_2(max(max_pages - 2, 1))
-    return n if n <= REG_PAGES_MAX else 0
-
-
-def select_warps(reg_pages: int) -> int:
-    return 16 if reg_pages > 4096 else SELECT_WARPS
+def register_sizes() -> dict:
+    """The register-size constexprs of a launch (read at call time, so tests can shrink them)."""
+    return dict(REG_SMALL=REG_SMALL, REG_MID=REG_MID, REG_LARGE=REG_LARGE, REG_EXTRA=REG_EXTRA)
 
 
 @triton.jit
@@ -141,24 +137,32 @@ def _select_sparse_bin(key_row, out_row, page_row, low_row, recent, b1, need_in,
 
 
 @triton.jit
-def _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS: tl.constexpr, NPAD: tl.constexpr):
-    """Every contested key in registers (recent - 1 <= NPAD): the low bits' threshold by binary search
-    over the bin's keys (10 reductions, no memory traffic), the tie cut by one scan, the pages ascending
-    by another. The same cost for a sparse or a crowded bin."""
-    page = 1 + tl.arange(0, NPAD)
-    u = tl.load(key_row + page, mask=page < recent, other=-1, cache_modifier=".cg")
+def _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr):
+    """Contested keys in two register tensors (pages 1..NA and NA+1..NA+NB; recent - 1 <= NA + NB): the
+    low bits' threshold by binary search over the bin's keys (10 reductions, no memory traffic), the tie
+    cut by a scan, the pages ascending by another. The same cost for a sparse or a crowded bin."""
+    pa = 1 + tl.arange(0, NA)
+    pb = 1 + NA + tl.arange(0, NB)
+    ua = tl.load(key_row + pa, mask=pa < recent, other=-1, cache_modifier=".cg")
+    ub = tl.load(key_row + pb, mask=pb < recent, other=-1, cache_modifier=".cg")
     bin_lo = b1 << LOW_BITS
-    in_bin = (u >> LOW_BITS) == b1  # -1 (masked) is in no bin
+    in_a = (ua >> LOW_BITS) == b1  # -1 (masked) is in no bin
+    in_b = (ub >> LOW_BITS) == b1
     low = 0
     for bit in tl.static_range(LOW_BITS - 1, -1, -1):
-        test = low | (1 << bit)
-        if tl.sum((in_bin & (u >= (bin_lo | test))).to(tl.int32), axis=0) >= need_in:
-            low = test
+        cut = bin_lo | low | (1 << bit)
+        if tl.sum((in_a & (ua >= cut)).to(tl.int32), axis=0) + tl.sum((in_b & (ub >= cut)).to(tl.int32), axis=0) >= need_in:
+            low = low | (1 << bit)
     threshold = bin_lo | low
-    ties_wanted = need_in - tl.sum((in_bin & (u > threshold)).to(tl.int32), axis=0)
-    tie = u == threshold
-    take = (u > threshold) | (tie & (tl.cumsum(tie.to(tl.int32), axis=0) <= ties_wanted))
-    tl.store(out_row + tl.cumsum(take.to(tl.int32), axis=0), page, mask=take)  # slot 1 + rank
+    ties_wanted = need_in - tl.sum((in_a & (ua > threshold)).to(tl.int32), axis=0) - tl.sum((in_b & (ub > threshold)).to(tl.int32), axis=0)
+    tie_a = ua == threshold
+    tie_b = ub == threshold
+    take_a = (ua > threshold) | (tie_a & (tl.cumsum(tie_a.to(tl.int32), axis=0) <= ties_wanted))
+    ties_in_a = tl.sum(tie_a.to(tl.int32), axis=0)
+    take_b = (ub > threshold) | (tie_b & (ties_in_a + tl.cumsum(tie_b.to(tl.int32), axis=0) <= ties_wanted))
+    tl.store(out_row + tl.cumsum(take_a.to(tl.int32), axis=0), pa, mask=take_a)  # slot 1 + rank
+    taken_in_a = tl.sum(take_a.to(tl.int32), axis=0)
+    tl.store(out_row + taken_in_a + tl.cumsum(take_b.to(tl.int32), axis=0), pb, mask=take_b)
 
 
 @triton.jit
@@ -169,7 +173,8 @@ def _keys_select_kernel(
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
     K_PAD: tl.constexpr, CAND: tl.constexpr, SELECT_BLOCK: tl.constexpr, COARSE_PICK: tl.constexpr = True,
-    REG_PAGES: tl.constexpr = 0,  # > 0: every contested key fits in one [REG_PAGES] register tensor
+    REGISTERS: tl.constexpr = True, REG_SMALL: tl.constexpr = 2048, REG_MID: tl.constexpr = 4096,
+    REG_LARGE: tl.constexpr = 8192, REG_EXTRA: tl.constexpr = 1024,  # register tensor sizes (module constants)
 ):
     """Keys of every chunk, then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
@@ -189,8 +194,16 @@ def _keys_select_kernel(
             tl.store(counter, 0)
             key_row = keys_ptr + pair.to(tl.int64) * max_pages
             recent = num_pages - 1
-            if REG_PAGES > 0:
-                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_PAGES)
+            contested = recent - 1
+            # The register sizes are picked per call from the live pages: every size is compiled, and a
+            # [16384] tensor cost 29 µs at bs1 where [8192] cost 18 (H200, 2026-11-30), so one size
+            # fitted to the widest table would make every short context pay for the longest.
+            if REGISTERS and contested <= REG_SMALL:
+                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_SMALL, 16)
+            elif REGISTERS and contested <= REG_MID:
+                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_MID, 16)
+            elif REGISTERS and contested <= REG_LARGE + REG_EXTRA:
+                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_LARGE, REG_EXTRA)
             elif in_bin <= CAND:
                 scratch = pair.to(tl.int64) * max_pages
                 _select_sparse_bin(key_row, out_row, cand_page_ptr + scratch, cand_low_ptr + scratch, recent, b1,
