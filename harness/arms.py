@@ -112,6 +112,12 @@ def _locks_additional_config(knobs: SparseKnobs) -> dict:
     }
 
 
+def _locks_one_additional_config(knobs: SparseKnobs) -> dict:
+    config = _locks_additional_config(knobs)
+    config["locks"]["select"] = "one"
+    return config
+
+
 def _locks_kv_env(knobs: SparseKnobs | None, peer_config: str | None) -> dict[str, str]:
     """The peer reads its whole configuration from LOCKS_CONFIG (its README, 0.1.4). Its `budget_pages`
     counts the selected pages EXCLUDING one sink and one recent page, and its `budget` is a fraction,
@@ -135,6 +141,16 @@ register_arm(
         description="Locks sparse decode (this toolkit's vLLM backend)",
         counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
         additional_config=_locks_additional_config,
+    )
+)
+register_arm(
+    Arm(
+        "locks-one",
+        "CUSTOM",
+        sparse=True,
+        description="Locks with the one-launch selection kernels (select='one'; the same pages, other launches)",
+        counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
+        additional_config=_locks_one_additional_config,
     )
 )
 register_arm(

@@ -84,6 +84,12 @@ class SummaryFormat:
         return self.name
 
 
+# The Triton selection kernels after the score kernel (kernels/triton/score_select.ScoreTuning.select_path):
+# "four" launches (keys, gather, resolve, finalize), "one" (keys, then the pair's last program selects),
+# "row" (keys, then one program per pair). Every path selects the same pages.
+SELECT_PATHS: tuple[str, ...] = ("four", "one", "row")
+
+
 @dataclass(frozen=True)
 class SelectionConfig:
     """How pages are chosen each decode step, per (sequence, layer, KV head).

@@ -13,6 +13,7 @@ from locks_toolkit.harness.traffic import (
     dense_bytes_per_step, floor_ms, locks_bytes_per_step, row_bytes_formula, step_stats, summary_row_bytes,
 )
 from locks_toolkit.kernels.config import ConfigError, SummaryFormat
+from locks_toolkit.kernels.vllm_backend.settings import parse_settings
 
 
 def test_default_plan_is_the_protocol():
@@ -113,6 +114,10 @@ def test_arms_come_from_the_registry():
     assert locks["attention_config"] == {"backend": "CUSTOM"}
     assert locks["additional_config"] == {"locks": {"budget": 2048, "format": "r8i4", "scorer": "locks",
                                                     "combine": "share_average"}}
+    # locks-one: the same backend and knobs, with the one-launch selection kernels; the backend accepts it
+    one = get_arm("locks-one").engine_kwargs(SparseKnobs(2048, "r8i4", "locks", "share_average"))
+    assert one["additional_config"]["locks"] == {**locks["additional_config"]["locks"], "select": "one"}
+    assert parse_settings(one["additional_config"]["locks"]).select == "one"
     peer = get_arm("locks-kv")
     assert peer.plugin_distribution == "locks-kv"
     assert peer.engine_kwargs(SparseKnobs(2048))["attention_config"] == {"backend": "FLASH_ATTN"}
@@ -122,7 +127,7 @@ def test_arms_come_from_the_registry():
         assert peer_config == {"variant": "fast", "budget_pages": 126, "sink_pages": 1, "window_pages": 1}
     assert peer.environment(SparseKnobs(1024), '{"x": 1}') == {"LOCKS_CONFIG": '{"x": 1}', "VLLM_PLUGINS": "locks"}
     # each engine loads only its arm's plugin: the peer's never sits in the FA3 / FlashInfer / Locks engines
-    for name in ("fa3", "flashinfer", "locks", "cpu", "locks-cpu"):
+    for name in ("fa3", "flashinfer", "locks", "locks-one", "cpu", "locks-cpu"):
         assert get_arm(name).environment(SparseKnobs(1024), None)["VLLM_PLUGINS"] == "locks_toolkit"
     with pytest.raises(ConfigError, match="unknown"):
         get_arm("sdpa")

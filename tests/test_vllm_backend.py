@@ -97,6 +97,8 @@ def test_settings_parse_every_key():
     assert settings.locks.selection.page_budget == 64 and settings.locks.selection.combine == "group_max"
     assert settings.reads_keys and settings.debug_capture_layers == (0, 3)
     assert "budget=1024" in settings.describe() and "r4i8" in settings.describe()
+    assert settings.select == "four" and parse_settings({"select": "one"}).select == "one"
+    assert "select=one" in parse_settings({"select": "one"}).describe()
 
 
 @pytest.mark.parametrize(
@@ -110,6 +112,7 @@ def test_settings_parse_every_key():
         ({"combine": "mean"}, "combine rule 'mean' unknown"),
         ({"scorer": "moment"}, "not served by the vLLM backend"),
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
+        ({"select": "two"}, "select 'two' unknown; use one of four, one, row"),
         ([1, 2], "must be a dict"),
     ],
 )

@@ -178,7 +178,7 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
     shape = DecodeShape(max_seqs=4, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, max_pages=7, page_budget=page_budget)
     to = lambda t: t.to(device)  # noqa: E731
     results = {}
-    for ops in (ReferenceOps(), TritonOps()):
+    for label, ops in (("reference", ReferenceOps()), ("four", TritonOps()), ("one", TritonOps("one"))):
         rows = to(torch.zeros(num_blocks, hkv, layout.row_bytes, dtype=torch.uint8))
         selected = to(torch.full((4, hkv, page_budget), 7, dtype=torch.int32))
         out = to(torch.full((4, hq, d), float("nan")))
@@ -188,8 +188,10 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
         ops.score_select(to(q), rows, to(table), to(seq_lens), selected, layout, page_budget, d**-0.5,
                          "share_average", hkv, workspace)
         ops.sparse_paged_decode(to(q), to(k_cache), to(v_cache), to(table), to(seq_lens), selected, d**-0.5, out, workspace)
-        results[ops.name] = (selected.cpu(), out.cpu())
-    (ref_sel, ref_out), (tri_sel, tri_out) = results["reference"], results["triton"]
-    assert torch.equal(tri_sel[:3], ref_sel[:3])
-    torch.testing.assert_close(tri_out[:3], ref_out[:3], rtol=1e-4, atol=1e-4)
-    assert torch.isfinite(tri_out[3]).all()  # the padding row must not poison the output buffer
+        results[label] = (selected.cpu(), out.cpu())
+    ref_sel, ref_out = results["reference"]
+    for path in ("four", "one"):  # the backend's `select` setting: same pages, other launches
+        tri_sel, tri_out = results[path]
+        assert torch.equal(tri_sel[:3], ref_sel[:3]), path
+        torch.testing.assert_close(tri_out[:3], ref_out[:3], rtol=1e-4, atol=1e-4)
+        assert torch.isfinite(tri_out[3]).all()  # the padding row must not poison the output buffer

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..config import SELECT_PATHS
 from ._common import mm
 
 # Cost model (r8i4, G=8, d=128): the scorer streams 832 B per scored page but is bound by latency,
@@ -39,7 +40,6 @@ MAX_CHUNKS = 128  # workspace capacity: score programs per (sequence, KV head); 
 # (2026-11-29, 128K bs1, coarse picks) selection took 21.9 us over 32 chunks, 23.4 over 64 and 28.6 over
 # 128, so it stays at 32 while the score grid fills every program slot.
 SELECT_CHUNKS = 32
-SELECT_PATHS = ("one", "four", "row")
 SCORE_WARPS = 4
 SCORE_MAXNREG = 128  # r8i4, G=8, d=128: no spill at 4 warps (aot.py); 96 spills, uncapped is 1 program/SM
 # Programs do equal work, so the launch fills at most one wave (2.06 waves take 3 waves' time, one
@@ -66,11 +66,13 @@ class ScoreTuning:
     # faster: the scorer waits on loads and shared memory, not issue, once 128 chunks fill the SMs).
     # H200 2026-11-29, 128K bs1, 128 chunks: 46.6 us (neither), 46.3 (words), 44.6 (vector), 42.4 (both).
     coef_vector: bool = True
-    # Selection after the score kernel: "one" launch (topk_one.py: keys per chunk, the pair's last
-    # program selects), "four" (topk.py: keys, gather, resolve, finalize; the session-4 default) or
-    # "row" (keys, then one program per (sequence, KV head)). H200 2026-11-30, bs1: four 19.0 µs at 32K,
-    # 19.5 at 128K (`bench-kernel-glm4-h200-s5.jsonl`); row 19.0 / 46.5 (`score-sweep-h200-s4.md`).
-    select_path: str = "one"
+    # Selection after the score kernel (config.SELECT_PATHS): "four" (topk.py: keys, gather, resolve,
+    # finalize), "one" (topk_one.py: keys per chunk, the pair's last program selects) or "row" (keys,
+    # then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
+    # took 11.2 / 17.8 µs at 32K / 128K against 19.1 / 19.7, yet the vLLM pair ran no faster with it
+    # (`score-sweep-h200-s5.md`): "four" stays the default until an engine run says otherwise (the
+    # bench's `locks-one` arm runs "one" beside it).
+    select_path: str = "four"
     # The one-launch path's last program: True holds the contested keys in registers when they fit
     # (topk_one.REG_LARGE + REG_EXTRA); False always streams them from memory (what longer contexts do).
     register_select: bool = True

@@ -9,12 +9,12 @@ sequence. Key-reading scorers (oracle, quest, centroid) always go through the re
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
 
-from ..config import PAGE_SIZE, scored_pages
+from ..config import PAGE_SIZE, SELECT_PATHS, scored_pages
 from ..reference.attention import paged_decode_reference
 from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
 from ..reference.score import summary_page_scores
@@ -131,10 +131,12 @@ class TritonOps:
 
     name = "triton"
 
-    def __init__(self) -> None:
+    def __init__(self, select: str = SELECT_PATHS[0]) -> None:
         from ..triton import ops  # noqa: PLC0415 - CUDA only
+        from ..triton.score_select import DEFAULT_TUNING  # noqa: PLC0415
 
         self._ops = ops
+        self._tuning = replace(DEFAULT_TUNING, select_path=select)
 
     def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> Any:
         group = shape.num_q_heads // shape.num_kv_heads
@@ -154,16 +156,16 @@ class TritonOps:
     def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace) -> None:
         self._ops.score_select(
             q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads,
-            workspace=workspace[0],
+            workspace=workspace[0], tuning=self._tuning,
         )
 
     def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace) -> None:
         self._ops.sparse_paged_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace[1])
 
 
-def ops_for_device(device: torch.device | str) -> KernelOps:
-    """Triton on CUDA, the reference elsewhere."""
-    return TritonOps() if torch.device(device).type == "cuda" else ReferenceOps()
+def ops_for_device(device: torch.device | str, select: str = SELECT_PATHS[0]) -> KernelOps:
+    """Triton on CUDA (its selection kernels: `select`), the reference elsewhere."""
+    return TritonOps(select) if torch.device(device).type == "cuda" else ReferenceOps()
 
 
 def timed_host_ms(fn, *args) -> float:

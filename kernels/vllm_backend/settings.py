@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..config import ConfigError, LocksConfig, SelectionConfig, SummaryFormat, check_combine_rule
+from ..config import SELECT_PATHS, ConfigError, LocksConfig, SelectionConfig, SummaryFormat, check_combine_rule
 
 logger = logging.getLogger(__name__)
 
@@ -21,18 +21,21 @@ ADDITIONAL_CONFIG_KEY = "locks"
 # read the paged keys themselves (quality comparisons, eager only).
 BACKEND_SCORERS: tuple[str, ...] = ("locks", "oracle", "quest", "centroid")
 KEY_READING_SCORERS: frozenset[str] = frozenset({"oracle", "quest", "centroid"})
-_KEYS = ("format", "budget", "combine", "scorer", "debug_capture_layers")
+_KEYS = ("format", "budget", "combine", "scorer", "select", "debug_capture_layers")
 
 
 @dataclass(frozen=True)
 class BackendSettings:
     """The Locks method config plus backend-only switches.
 
+    select: which Triton selection kernels follow the score kernel (config.SELECT_PATHS); the pages
+    are the same on every path, only launches and time differ.
     debug_capture_layers: layer indices whose per-step decode inputs/outputs are kept for checks
     (eager only; see `debug.py`). Empty in production.
     """
 
     locks: LocksConfig = field(default_factory=LocksConfig)
+    select: str = SELECT_PATHS[0]
     debug_capture_layers: tuple[int, ...] = ()
 
     @property
@@ -44,7 +47,7 @@ class BackendSettings:
         sel = self.locks.selection
         return (
             f"scorer={self.locks.scorer} format={self.locks.summary} budget={sel.budget_tokens} "
-            f"(k={sel.page_budget} pages of {sel.page_size}) combine={sel.combine} "
+            f"(k={sel.page_budget} pages of {sel.page_size}) combine={sel.combine} select={self.select} "
             f"debug_capture_layers={list(self.debug_capture_layers)}"
         )
 
@@ -68,6 +71,9 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
     scorer = raw.get("scorer", "locks")
     if scorer not in BACKEND_SCORERS:
         raise ConfigError(f"scorer {scorer!r} is not served by the vLLM backend; use one of {', '.join(BACKEND_SCORERS)}")
+    select = raw.get("select", SELECT_PATHS[0])
+    if select not in SELECT_PATHS:
+        raise ConfigError(f"select {select!r} unknown; use one of {', '.join(SELECT_PATHS)} (the selection kernels' launches)")
     layers = raw.get("debug_capture_layers", ())
     if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and i >= 0 for i in layers):
         raise ConfigError(f"debug_capture_layers must be a list of layer indices, got {layers!r}")
@@ -76,7 +82,7 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
         selection=SelectionConfig(budget_tokens=budget, combine=combine),
         scorer=scorer,
     )
-    return BackendSettings(locks=locks, debug_capture_layers=tuple(layers))
+    return BackendSettings(locks=locks, select=select, debug_capture_layers=tuple(layers))
 
 
 def settings_from_vllm_config(vllm_config: Any) -> BackendSettings:
