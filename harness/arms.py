@@ -112,9 +112,13 @@ def _locks_additional_config(knobs: SparseKnobs) -> dict:
     }
 
 
-def _locks_one_additional_config(knobs: SparseKnobs) -> dict:
-    config = _locks_additional_config(knobs)
-    config["locks"]["select"] = "one"
+def _locks_variant(**kernel_settings) -> Callable[[SparseKnobs], dict]:
+    """additional_config of a Locks arm that differs from `locks` only in kernel settings (same pages)."""
+
+    def config(knobs: SparseKnobs) -> dict:
+        base = _locks_additional_config(knobs)
+        return {"locks": {**base["locks"], **kernel_settings}}
+
     return config
 
 
@@ -150,7 +154,17 @@ register_arm(
         sparse=True,
         description="Locks with the one-launch selection kernels (select='one'; the same pages, other launches)",
         counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
-        additional_config=_locks_one_additional_config,
+        additional_config=_locks_variant(select="one"),
+    )
+)
+register_arm(
+    Arm(
+        "locks-pdl",
+        "CUSTOM",
+        sparse=True,
+        description="Locks with programmatic dependent launch of its decode kernels (pdl=true; the same results)",
+        counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
+        additional_config=_locks_variant(pdl=True),
     )
 )
 register_arm(

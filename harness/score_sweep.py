@@ -33,15 +33,15 @@ log = logging.getLogger(__name__)
 VARIANTS = (
     # 128 score chunks (every program slot at bs1), <= 32 selection chunks with coarse threshold picks,
     # 32-bit-word int4 decode, one vector load per token's coefficients (H200 sweeps of 2026-11-29 s4);
-    # selection in one launch, the last program holding the keys in registers (s5)
+    # selection in four launches (topk.py)
     DEFAULT_TUNING,
-    ScoreTuning(register_select=False),  # the one-launch path's passes over memory (contexts > 256K)
-    ScoreTuning(select_warps=8),
-    ScoreTuning(select_chunks=64),
-    ScoreTuning(select_chunks=128),
-    # selection in 4 launches (topk.py; the default of session 4) and in 2 (row path; H200 s4: 19.0 vs
-    # 21.3 us at 32K bs1, 46.5 vs 21.9 at 128K: one program streams all keys twice)
-    ScoreTuning(select_path="four"),
+    # selection in one launch (topk_one.py; s5): keys in registers sized per call, or passes over memory
+    # (contexts > 147K tokens), or over 64 chunks
+    ScoreTuning(select_path="one"),
+    ScoreTuning(select_path="one", register_select=False),
+    ScoreTuning(select_path="one", select_chunks=64),
+    # selection in 2 launches (row path; H200 s4: 19.0 vs 21.3 us at 32K bs1, 46.5 vs 21.9 at 128K:
+    # one program streams all keys twice)
     ScoreTuning(select_path="row"),
     ScoreTuning(word_nibbles=False, coef_vector=False, select_chunks=64),  # s4's first step: the grid only
     # the default of sessions 1-3 (docs/results/score-sweep-h200-s3.md)

@@ -132,23 +132,26 @@ def test_word_decode_fits_only_whole_words_and_dot_sized_k():
 ROW_CASES = SELECT_CASES + [MANY_PAGES_CASE]
 
 
+def _case_id(c: SelectCase) -> str:
+    return (f"G{c.group}-{c.combine}-k{c.page_budget}" + ("-ties" if c.identical_pages else "")
+            + (f"-flat{c.page_noise}" if c.page_noise else "") + f"-n{sum(c.seq_lens)}")
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-{c.combine}-k{c.page_budget}"
                          + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
                          + f"-n{sum(c.seq_lens)}")
-@pytest.mark.parametrize("path", ["four", "row"])
-def test_multi_launch_select_paths_match_reference(device, case, path):
-    """Selection in four launches (keys, gather, resolve, finalize) and in two (keys + one program per
-    pair) against the reference, on every select case: ties to the lower ids, near-flat pages, dense
-    fallback, a crowded threshold bin."""
+@pytest.mark.parametrize("path", ["one", "row"])
+def test_other_select_paths_match_reference(device, case, path):
+    """Selection in one launch (the pair's last program selects, production register sizes) and in two
+    (keys + one program per pair) against the reference, on every select case: ties to the lower ids,
+    near-flat pages, dense fallback, a crowded threshold bin. (Four launches: the default, above.)"""
     result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path=path))
     assert result.ok, str(result)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-{c.combine}-k{c.page_budget}"
-                         + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
-                         + f"-n{sum(c.seq_lens)}")
+@pytest.mark.parametrize("case", ROW_CASES, ids=_case_id)
 @pytest.mark.parametrize("cand", [1, 64])
 def test_one_launch_select_memory_paths_match_reference(device, case, cand, monkeypatch):
     """The one-launch path's passes over memory (contexts whose keys do not fit in registers): with a
@@ -157,14 +160,12 @@ def test_one_launch_select_memory_paths_match_reference(device, case, cand, monk
     from locks_toolkit.kernels.triton import topk_one
 
     monkeypatch.setattr(topk_one, "CAND", cand)
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(register_select=False))
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one", register_select=False))
     assert result.ok, str(result)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-{c.combine}-k{c.page_budget}"
-                         + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
-                         + f"-n{sum(c.seq_lens)}")
+@pytest.mark.parametrize("case", ROW_CASES, ids=_case_id)
 def test_one_launch_select_register_sizes_match_reference(device, case, monkeypatch):
     """The last program's register tensors shrunk to 16 / 32 / 64 + 16 pages, so these cases take every
     branch: one small tensor, two tensors (69 contested pages in SELECT_CASES[4]) and, beyond 80 pages,
@@ -173,7 +174,7 @@ def test_one_launch_select_register_sizes_match_reference(device, case, monkeypa
 
     for name, size in (("REG_SMALL", 16), ("REG_MID", 32), ("REG_LARGE", 64), ("REG_EXTRA", 16)):
         monkeypatch.setattr(topk_one, name, size)
-    result = check_score_select(device, case, fresh_seed())
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one"))
     assert result.ok, str(result)
 
 
@@ -210,9 +211,9 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     q = torch.randn((seqs, hkv * group, d), generator=gen).to(device)
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     picks = []
-    for tuning in (ScoreTuning(select_path="row"), ScoreTuning(), ScoreTuning(select_path="four"),
-                   ScoreTuning(register_select=False),
-                   ScoreTuning(select_path="row", coarse_pick=False), ScoreTuning(select_path="four", coarse_pick=False),
+    for tuning in (ScoreTuning(select_path="row"), ScoreTuning(), ScoreTuning(select_path="one"),
+                   ScoreTuning(select_path="one", register_select=False),
+                   ScoreTuning(select_path="row", coarse_pick=False), ScoreTuning(select_path="one", coarse_pick=False),
                    ScoreTuning(coarse_pick=False), ScoreTuning()):
         selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
         ops.score_select(q, rows, table, lens, selected, layout, k, d**-0.5, workspace=ws, tuning=tuning)

@@ -99,6 +99,7 @@ def test_settings_parse_every_key():
     assert "budget=1024" in settings.describe() and "r4i8" in settings.describe()
     assert settings.select == "four" and parse_settings({"select": "one"}).select == "one"
     assert "select=one" in parse_settings({"select": "one"}).describe()
+    assert not settings.pdl and parse_settings({"pdl": True}).pdl and "pdl=True" in parse_settings({"pdl": True}).describe()
 
 
 @pytest.mark.parametrize(
@@ -113,6 +114,7 @@ def test_settings_parse_every_key():
         ({"scorer": "moment"}, "not served by the vLLM backend"),
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
         ({"select": "two"}, "select 'two' unknown; use one of four, one, row"),
+        ({"pdl": "yes"}, "pdl must be true or false"),
         ([1, 2], "must be a dict"),
     ],
 )

@@ -105,15 +105,21 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
 
 def _variants(**geometry) -> list[tuple[str, tuple]]:
     """(name, spec): every production kernel, plus the score kernel's byte path (the default before
-    2026-11-29 s4: int4 codes decoded per byte, one load per coefficient)."""
+    2026-11-29 s4: int4 codes decoded per byte, one load per coefficient) and three kernels with
+    programmatic dependent launch (`[pdl]`)."""
     specs = _specs(**geometry)
     named = [(spec[0].__name__, spec) for spec in specs]
     fn, pointers, constexprs, warps = next(spec for spec in specs if spec[0] is _ss._score_kernel)
-    return named + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps))]
+    with_pdl = [(f"{name}[pdl]", (spec[0], spec[1], {**spec[2], "PDL": True}, spec[3])) for name, spec in named
+                if name in ("_score_kernel", "_keys_kernel", "_sparse_decode_kernel")]
+    return named + with_pdl + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps))]
 
 
 def compile_kernel(fn, pointer_types: dict, constexprs: dict, warps, target: GPUTarget = SM90):
-    """One kernel compiled as the JIT would specialise it in production (`PRODUCTION_HINTS`)."""
+    """One kernel compiled as the JIT would specialise it in production (`PRODUCTION_HINTS`); constexpr
+    parameters left out take their defaults, as at a launch (else they would compile as runtime ints)."""
+    defaults = {p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}
+    constexprs = {**defaults, **constexprs}
     signature = {name: "constexpr" if name in constexprs else pointer_types.get(name, "i32") for name in fn.arg_names}
     hints = PRODUCTION_HINTS.get(fn.__name__, {})
     constexprs = {**constexprs, **{name: 1 for name, hint in hints.items() if hint == 1}}
@@ -149,7 +155,7 @@ def loop_profile(sass: str) -> tuple[int, int, int]:
 
 def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int]]:
     """Compile each kernel for `target`; returns {kernel: {"registers", "stack_bytes", "shared_bytes",
-    "loop_instructions", "loop_spill_accesses", "loop_global_loads"}}."""
+    "loop_instructions", "loop_spill_accesses", "loop_global_loads", "griddepcontrol"}}."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET to compile for the GPU (the interpreter replaces @triton.jit)")
     usage = {}
@@ -158,7 +164,8 @@ def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int
         found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", _cuobjdump(kernel, "--dump-resource-usage"))
         instructions, spills, loads = loop_profile(_cuobjdump(kernel, "-sass"))
         usage[name] = {"registers": int(found[1]), "stack_bytes": int(found[2]), "shared_bytes": kernel.metadata.shared,
-                       "loop_instructions": instructions, "loop_spill_accesses": spills, "loop_global_loads": loads}
+                       "loop_instructions": instructions, "loop_spill_accesses": spills, "loop_global_loads": loads,
+                       "griddepcontrol": kernel.asm["ptx"].count("griddepcontrol.")}
     return usage
 
 

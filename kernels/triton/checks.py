@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import PAGE_SIZE, SummaryFormat, cdiv, scored_pages
+from ..config import PAGE_SIZE, SELECT_PATHS, SummaryFormat, cdiv, scored_pages
 from ..reference.attention import paged_decode_reference
 from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
 from ..reference.score import summary_page_scores
@@ -216,10 +216,11 @@ class DecodeCase:
 
 
 def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = torch.bfloat16,
-                 merge_in_decode: bool = True, calls: int = 1) -> CheckResult:
+                 merge_in_decode: bool = False, calls: int = 1, pdl: bool = False) -> CheckResult:
     """sparse_paged_decode over random page subsets (sink, recent, -1 padding) vs paged_decode_reference;
     `calls` > 1 repeats the call on one workspace (the merge's arrival counters must come back to zero)."""
-    res = CheckResult(f"decode {case} {str(dtype)[6:]}" + ("" if merge_in_decode else " two launches"), seed)
+    res = CheckResult(f"decode {case} {str(dtype)[6:]}" + (" merged by the last split" if merge_in_decode else "")
+                      + (" pdl" if pdl else ""), seed)
     gen = generator(seed)
     S, Hkv, G, d = len(case.seq_lens), case.num_kv_heads, case.group, case.head_dim
     num_pages = [cdiv(n, PAGE_SIZE) for n in case.seq_lens]
@@ -245,7 +246,8 @@ def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = 
     for _ in range(calls):
         out.fill_(float("nan"))
         ops.sparse_paged_decode(q.to(device), k_cache.to(device), v_cache.to(device), table.to(device),
-                                seq_lens.to(device), selected.to(device), scale, out, ws, merge_in_decode=merge_in_decode)
+                                seq_lens.to(device), selected.to(device), scale, out, ws, merge_in_decode=merge_in_decode,
+                                pdl=pdl)
     res.expect(int(ws.arrivals.abs().sum()) == 0, "arrival counters not left at zero")
     ref = paged_decode_reference(q.double(), k_cache.double(), v_cache.double(), table, seq_lens, scale,
                                  None if case.page_budget is None else selected.long())
@@ -328,6 +330,11 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
     results.append(check_score_select(device, MANY_PAGES_CASE, seed, torch.bfloat16))
     results += [check_decode(device, c, seed + i, t) for i, c in enumerate(DECODE_CASES)
                 for t in (torch.bfloat16, torch.float32)]
+    if torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
+        # programmatic dependent launch: sm_90 only (the interpreter has no griddepcontrol)
+        results += [check_score_select(device, c, seed + i, tuning=ScoreTuning(select_path=path, pdl=True))
+                    for i, c in enumerate(SELECT_CASES[:4]) for path in SELECT_PATHS]
+        results += [check_decode(device, c, seed + i, pdl=True, calls=3) for i, c in enumerate(DECODE_CASES)]
     return results
 
 

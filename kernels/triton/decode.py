@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import mm
+from ._common import enter_dependent, mm
 
 PAGES_PER_ITER = 2  # 32 tokens per tl.dot: the N of QK^T and the K of PV
 MAX_SPLITS = 32
@@ -54,8 +54,9 @@ def _sparse_decode_kernel(
     num_kv_heads, num_q_heads, K, num_splits, max_splits, scale,
     G: tl.constexpr, G_DOT: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr,
     PPI: tl.constexpr, FP32: tl.constexpr, MERGE: tl.constexpr = True, SPLIT_PAD: tl.constexpr = 32,
-    DC: tl.constexpr = 32,
+    DC: tl.constexpr = 32, PDL: tl.constexpr = False,
 ):
+    enter_dependent(PDL)
     pair = tl.program_id(0)
     split = tl.program_id(1)
     s = pair // num_kv_heads
@@ -138,8 +139,9 @@ def _merge_heads(part_out_ptr, part_lse_ptr, out_row, head, qh, gm, s_oh, num_sp
 @triton.jit
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, s_os, s_oh, num_q_heads, num_splits, max_splits,
-    D: tl.constexpr, D_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr,
+    D: tl.constexpr, D_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    enter_dependent(PDL)
     head = tl.program_id(0)  # flat (sequence, query head)
     s = head // num_q_heads
     qh = head % num_q_heads

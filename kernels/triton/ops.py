@@ -209,7 +209,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
         P=tuning.tile, RP=next_pow2(rc.rank), FP32=dot_in_fp32(q) or rc.basis_bits == 16, STAGES=tuning.stages,
         MANTISSA=tuning.mantissa_nibbles,
         WORDS=tuning.word_nibbles and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset),
-        COEF_VEC=tuning.coef_vector,
+        COEF_VEC=tuning.coef_vector, PDL=tuning.pdl, launch_pdl=tuning.pdl,
         num_warps=tuning.warps, maxnreg=tuning.maxnreg,
     )
     return chunks
@@ -223,7 +223,7 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
     chunks = max(1, min(score_chunks, tuning.select_chunks))
-    pick = dict(COARSE_PICK=tuning.coarse_pick)
+    pick = dict(COARSE_PICK=tuning.coarse_pick, PDL=tuning.pdl, launch_pdl=tuning.pdl)  # every select launch
     common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS)
     sizes = (num_kv_heads, ws.max_pages, chunks, page_budget)
     keys = dict(G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
@@ -239,7 +239,7 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
         return
     _sel._keys_kernel[(pairs, chunks)](
         ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, seq_lens, *sizes, score_chunks,
-        num_warps=_sel.KEYS_WARPS, **keys,
+        num_warps=_sel.KEYS_WARPS, PDL=tuning.pdl, launch_pdl=tuning.pdl, **keys,
     )
     if tuning.select_path == "row":
         _sel._row_select_kernel[(pairs,)](
@@ -291,12 +291,14 @@ def sparse_paged_decode(
     workspace: DecodeWorkspace,
     *,
     merge_in_decode: bool = False,
+    pdl: bool = False,
 ) -> None:
     """q [S, Hq, d], caches [NB, 16, Hkv, d], selected_pages int32 [S, Hkv, k] (logical, -1 skipped) -> writes out [S, Hq, d] (q dtype).
 
     merge_in_decode False (default): the splits are combined by a second launch (`_merge_kernel`); True:
     by the last split of each (sequence, KV head), one launch but a serial tail: H200 2026-11-30 bs1,
-    9.9 vs 8.8 µs at 32K, 9.4 vs 8.0 at 128K (`score-sweep-h200-s5.jsonl`)."""
+    9.9 vs 8.8 µs at 32K, 9.4 vs 8.0 at 128K (`score-sweep-h200-s5.jsonl`). pdl: both launches use
+    programmatic dependent launch (`_common.enter_dependent`)."""
     num_seqs, num_q_heads, head_dim = q.shape
     check(k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE and k_cache.shape == v_cache.shape,
           f"k_cache/v_cache must both be [NB, {PAGE_SIZE}, Hkv, d]; got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
@@ -326,10 +328,11 @@ def sparse_paged_decode(
         num_kv_heads, num_q_heads, page_budget, splits, ws.max_splits, scale,
         G=group, G_DOT=g_dot, D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE,
         PPI=_decode.PAGES_PER_ITER, FP32=dot_in_fp32(k_cache), MERGE=merge_in_decode, SPLIT_PAD=split_pad,
-        DC=min(next_pow2(head_dim), max(1, _decode.MERGE_TILE // (g_dot * split_pad))), num_warps=4,
+        DC=min(next_pow2(head_dim), max(1, _decode.MERGE_TILE // (g_dot * split_pad))), PDL=pdl, launch_pdl=pdl,
+        num_warps=4,
     )
     if not merge_in_decode:
         _decode._merge_kernel[(num_seqs * num_q_heads,)](
             ws.partial_out, ws.partial_lse, out, out.stride(0), out.stride(1), num_q_heads, splits, ws.max_splits,
-            D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=split_pad, num_warps=4,
+            D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=split_pad, PDL=pdl, launch_pdl=pdl, num_warps=4,
         )

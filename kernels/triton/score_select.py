@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..config import SELECT_PATHS
-from ._common import mm
+from ._common import enter_dependent, mm
 
 # Cost model (r8i4, G=8, d=128): the scorer streams 832 B per scored page but is bound by latency,
 # not bytes. Its 16-page tile is ~1700 SASS per thread (aot.py, specialised like production: int4
@@ -77,6 +77,9 @@ class ScoreTuning:
     # (topk_one.REG_LARGE + REG_EXTRA); False always streams them from memory (what longer contexts do).
     register_select: bool = True
     select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.SELECT_WARPS
+    # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):
+    # each kernel's programs are scheduled while the previous one finishes. Untimed on the H200.
+    pdl: bool = False
     # Chunks per (sequence, KV head) at most. At 64 a bs1 launch (4 KV heads) filled 256 of the 528
     # program slots; ncu on the H200 (2026-11-29, 128K bs1) saw 0.5 waves, 1.9 active warps per
     # scheduler and an issue every 3.2 cycles: the kernel waits on loads with too few warps to hide
@@ -220,8 +223,9 @@ def _score_kernel(
     D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr, R: tl.constexpr, BITS: tl.constexpr,
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, STAGES: tl.constexpr = 1, MANTISSA: tl.constexpr = True,
-    WORDS: tl.constexpr = False, COEF_VEC: tl.constexpr = False,
+    WORDS: tl.constexpr = False, COEF_VEC: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
+    enter_dependent(PDL)
     pair = tl.program_id(0)
     chunk = tl.program_id(1)
     s = pair // num_kv_heads

@@ -40,6 +40,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._common import enter_dependent
+
 KEYS_BLOCK = 512  # pages per iteration of the key, gather and resolve kernels
 KEYS_WARPS = 8
 FINAL_WARPS = 8  # its [k, chunks] tie lookup is up to 16K elements: 4 warps sat at 255 registers
@@ -117,11 +119,13 @@ def _keys_kernel(
     num_kv_heads, max_pages, num_chunks, K, num_score_chunks,
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Group key of every contested page as a 23-bit fixed-point log share, plus its top-digit histogram.
 
     The normalizers come from the score kernel's `num_score_chunks` chunks; this kernel's own page
     ranges (and every later kernel's) are `num_chunks` selection chunks, which may be fewer."""
+    enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
@@ -193,9 +197,10 @@ def _gather_kernel(
     keys_ptr, hist_ptr, low_hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
-    WINDOW: tl.constexpr, COARSE_PICK: tl.constexpr = True,
+    WINDOW: tl.constexpr, COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
     """Pages above the threshold bin go to the output; pages inside it become the chunk's candidates."""
+    enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         b1, _ = _pick_top_bin(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
@@ -229,9 +234,10 @@ def _resolve_kernel(
     hist_ptr, low_hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
-    COARSE_PICK: tl.constexpr = True,
+    COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
     """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list."""
+    enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         _, need = _pick_top_bin(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
@@ -298,8 +304,10 @@ def _finalize_kernel(
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr,
     COARSE_PICK: tl.constexpr = True, CHUNKS_PAD: tl.constexpr = 128,  # >= num_chunks (a power of two)
+    PDL: tl.constexpr = False,
 ):
     """The first `need` ties in page order + sink + recent, ascending; resets the scratch for the next call."""
+    enter_dependent(PDL)
     pair, num_pages, out_row, slot, sparse = _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B, K_PAD)
     if sparse:
         _, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
@@ -332,9 +340,10 @@ def _row_select_kernel(
     keys_ptr, hist_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, K,
     B: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, BLOCK: tl.constexpr, K_PAD: tl.constexpr,
-    COARSE_PICK: tl.constexpr = True,
+    COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
     """Top-(k-2) of one pair's keys after `_keys_kernel`: sink, pages in page order, recent; resets the histogram."""
+    enter_dependent(PDL)
     pair, num_pages, out_row, slot, sparse = _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B, K_PAD)
     if sparse:
         b1, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)

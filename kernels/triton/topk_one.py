@@ -27,6 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ._common import enter_dependent
 from .topk import _COARSE, _chunk_keys, _pick_top_bin, _program_pages
 
 CAND = 64  # bin-b1 pages ranked in registers ([CAND, CAND] compares); more take the slow path
@@ -175,8 +176,10 @@ def _keys_select_kernel(
     K_PAD: tl.constexpr, CAND: tl.constexpr, SELECT_BLOCK: tl.constexpr, COARSE_PICK: tl.constexpr = True,
     REGISTERS: tl.constexpr = True, REG_SMALL: tl.constexpr = 2048, REG_MID: tl.constexpr = 4096,
     REG_LARGE: tl.constexpr = 8192, REG_EXTRA: tl.constexpr = 1024,  # register tensor sizes (module constants)
+    PDL: tl.constexpr = False,
 ):
     """Keys of every chunk, then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
+    enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     out_row = out_ptr + pair.to(tl.int64) * K
     if num_pages > K:

@@ -131,12 +131,13 @@ class TritonOps:
 
     name = "triton"
 
-    def __init__(self, select: str = SELECT_PATHS[0]) -> None:
+    def __init__(self, select: str = SELECT_PATHS[0], pdl: bool = False) -> None:
         from ..triton import ops  # noqa: PLC0415 - CUDA only
         from ..triton.score_select import DEFAULT_TUNING  # noqa: PLC0415
 
         self._ops = ops
-        self._tuning = replace(DEFAULT_TUNING, select_path=select)
+        self._tuning = replace(DEFAULT_TUNING, select_path=select, pdl=pdl)
+        self._pdl = pdl
 
     def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> Any:
         group = shape.num_q_heads // shape.num_kv_heads
@@ -160,12 +161,13 @@ class TritonOps:
         )
 
     def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace) -> None:
-        self._ops.sparse_paged_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace[1])
+        self._ops.sparse_paged_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace[1],
+                                      pdl=self._pdl)
 
 
-def ops_for_device(device: torch.device | str, select: str = SELECT_PATHS[0]) -> KernelOps:
-    """Triton on CUDA (its selection kernels: `select`), the reference elsewhere."""
-    return TritonOps(select) if torch.device(device).type == "cuda" else ReferenceOps()
+def ops_for_device(device: torch.device | str, select: str = SELECT_PATHS[0], pdl: bool = False) -> KernelOps:
+    """Triton on CUDA (selection kernels `select`, programmatic dependent launch `pdl`), the reference elsewhere."""
+    return TritonOps(select, pdl) if torch.device(device).type == "cuda" else ReferenceOps()
 
 
 def timed_host_ms(fn, *args) -> float:

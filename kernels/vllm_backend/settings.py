@@ -21,7 +21,7 @@ ADDITIONAL_CONFIG_KEY = "locks"
 # read the paged keys themselves (quality comparisons, eager only).
 BACKEND_SCORERS: tuple[str, ...] = ("locks", "oracle", "quest", "centroid")
 KEY_READING_SCORERS: frozenset[str] = frozenset({"oracle", "quest", "centroid"})
-_KEYS = ("format", "budget", "combine", "scorer", "select", "debug_capture_layers")
+_KEYS = ("format", "budget", "combine", "scorer", "select", "pdl", "debug_capture_layers")
 
 
 @dataclass(frozen=True)
@@ -30,12 +30,15 @@ class BackendSettings:
 
     select: which Triton selection kernels follow the score kernel (config.SELECT_PATHS); the pages
     are the same on every path, only launches and time differ.
+    pdl: the decode kernels use programmatic dependent launch (sm_90; each kernel's programs are
+    scheduled while the previous one finishes). Same results; off until an H200 pair says it pays.
     debug_capture_layers: layer indices whose per-step decode inputs/outputs are kept for checks
     (eager only; see `debug.py`). Empty in production.
     """
 
     locks: LocksConfig = field(default_factory=LocksConfig)
     select: str = SELECT_PATHS[0]
+    pdl: bool = False
     debug_capture_layers: tuple[int, ...] = ()
 
     @property
@@ -47,7 +50,7 @@ class BackendSettings:
         sel = self.locks.selection
         return (
             f"scorer={self.locks.scorer} format={self.locks.summary} budget={sel.budget_tokens} "
-            f"(k={sel.page_budget} pages of {sel.page_size}) combine={sel.combine} select={self.select} "
+            f"(k={sel.page_budget} pages of {sel.page_size}) combine={sel.combine} select={self.select} pdl={self.pdl} "
             f"debug_capture_layers={list(self.debug_capture_layers)}"
         )
 
@@ -74,6 +77,9 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
     select = raw.get("select", SELECT_PATHS[0])
     if select not in SELECT_PATHS:
         raise ConfigError(f"select {select!r} unknown; use one of {', '.join(SELECT_PATHS)} (the selection kernels' launches)")
+    pdl = raw.get("pdl", False)
+    if not isinstance(pdl, bool):
+        raise ConfigError(f"pdl must be true or false (programmatic dependent launch of the decode kernels), got {pdl!r}")
     layers = raw.get("debug_capture_layers", ())
     if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and i >= 0 for i in layers):
         raise ConfigError(f"debug_capture_layers must be a list of layer indices, got {layers!r}")
@@ -82,7 +88,7 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
         selection=SelectionConfig(budget_tokens=budget, combine=combine),
         scorer=scorer,
     )
-    return BackendSettings(locks=locks, select=select, debug_capture_layers=tuple(layers))
+    return BackendSettings(locks=locks, select=select, pdl=pdl, debug_capture_layers=tuple(layers))
 
 
 def settings_from_vllm_config(vllm_config: Any) -> BackendSettings:
