@@ -43,6 +43,10 @@ class DecodeLog:
     step_tokens: list[int] = field(default_factory=list)  # tokens emitted per step over our batch
     step_requests: list[int] = field(default_factory=list)  # how many of our requests emitted
 
+    def after(self, steps: int) -> "DecodeLog":
+        """The log without its first `steps` steps."""
+        return DecodeLog(self.step_ms[steps:], self.step_tokens[steps:], self.step_requests[steps:])
+
 
 class EngineSession:
     """A vLLM `LLM` built from a plan for one (arm, context[, budget]); steps it and times each step."""

@@ -235,7 +235,7 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
     for _ in range(plan.windows):
         before = session.read_counters()
         with nvml.ThrottleSampler(devices=devices) as sampler:
-            log_ = session.decode(pre.request_ids, plan.steps_per_window)
+            log_ = session.decode(pre.request_ids, plan.lead_steps + plan.steps_per_window).after(plan.lead_steps)
         after = session.read_counters()
         lockstep = guards.check_lockstep(log_.step_tokens, log_.step_requests, batch)
         throttle = guards.check_throttle_devices(sampler.by_device, sm_max, plan.clock_sag_threshold)

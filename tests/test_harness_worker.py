@@ -30,6 +30,7 @@ class ScriptedSession:
     boot_error: Exception | None = None
     measure_error: Exception | None = None
     ttft_script: list[float] | None = None  # TTFTs of the "ttft-first" then "ttft" prefills, in order
+    first_step_ms: float | None = None  # the first step of every decode() call (async: collects a finished step)
 
     def __init__(self, plan, arm, model_dir, dummy, knobs, vocab_size):
         if self.boot_error is not None:
@@ -73,7 +74,8 @@ class ScriptedSession:
             running = len(request_ids) - (1 if self.shrink_at_step and self.steps >= self.shrink_at_step else 0)
             fallback = self.fallback_at_step is not None and self.steps >= self.fallback_at_step
             COUNTS["dense_fallback_rows" if fallback else "sparse_decode_rows"] += running
-            log.step_ms.append(2.0 + 0.01 * (index % 3))
+            short = index == 0 and self.first_step_ms is not None
+            log.step_ms.append(self.first_step_ms if short else 2.0 + 0.01 * (index % 3))
             log.step_tokens.append(running)
             log.step_requests.append(running)
             if on_step is not None and on_step(index):
@@ -96,15 +98,15 @@ def scripted(monkeypatch):
     monkeypatch.setattr(session_module, "EngineSession", ScriptedSession)
     monkeypatch.setattr(nvml, "sample", lambda: None)  # as on a machine without NVML, GPU or not
     monkeypatch.setattr(nvml, "gpu_info", lambda: None)
-    for name in ("fallback_at_step", "shrink_at_step", "boot_error", "measure_error", "ttft_script"):
+    for name in ("fallback_at_step", "shrink_at_step", "boot_error", "measure_error", "ttft_script", "first_step_ms"):
         monkeypatch.setattr(ScriptedSession, name, None)
     return ScriptedSession
 
 
-def _job(arm, batches, budget=None, context=4096):
-    plan = load_plan(None, {"model": "glm-4-9b-chat-1m", "arms": "cpu", "contexts": context, "batch_sizes": batches,
-                            "windows": 3, "steps_per_window": 8, "ramp_min_steps": 2, "ramp_max_steps": 4,
-                            "ttft_repeats": 3})
+def _job(arm, batches, budget=None, context=4096, async_scheduling=False):
+    plan = load_plan(None, {"model": "glm-4-9b-chat-1m", "arms": "fa3" if async_scheduling else "cpu", "contexts": context,
+                            "batch_sizes": batches, "windows": 3, "steps_per_window": 8, "ramp_min_steps": 2,
+                            "ramp_max_steps": 4, "ttft_repeats": 3, "async_scheduling": async_scheduling})
     config = load_preset_config("glm-4-9b-chat-1m")
     return EngineJob(plan, arm, context, budget, tuple(batches), "/nowhere", True, ModelGeometry.from_config(config),
                      151552, True, weights=weights_from_config(config))
@@ -131,6 +133,20 @@ def test_dense_cells_and_the_oom_frontier(scripted, monkeypatch):
     assert cells[1]["ttft_ms"]["build_counters"] is None  # the dense arm exposes no counters
     assert cells[1]["path_check"] == {"required": False, "ok": True, "status": "not_applicable", "counters": None}
     assert messages[0]["info"]["backend_in_use"] == "SCRIPTED"
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_async_windows_leave_out_the_step_that_collects_a_finished_one(scripted, monkeypatch, async_scheduling):
+    """Under async scheduling the first step() of a window returns a step the GPU finished during the
+    pause between windows (on the H200: 3.7 ms against ~8.9); the window times the steps after it. Sync
+    windows have no such step and keep every one."""
+    monkeypatch.setattr(scripted, "first_step_ms", 0.5)
+    job = _job("cpu", [1], async_scheduling=async_scheduling)
+    (engine, cell, done) = _run(job)
+    timed = [ms for w in cell["windows"] for ms in w["step_ms"]]
+    assert len(timed) == 3 * 8 and cell["tpot_ms"]["n"] == 24
+    assert (0.5 in timed) != async_scheduling
+    assert job.plan.decode_tokens_per_request == max(4, 2 + 3 * (8 + async_scheduling)) + 2
 
 
 def test_sparse_arm_verified_by_its_counters(scripted):
