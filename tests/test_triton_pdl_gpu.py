@@ -10,10 +10,15 @@ import os
 
 import pytest
 import torch
-
 from locks_toolkit.kernels.config import SELECT_PATHS
 from locks_toolkit.kernels.reference.testing import fresh_seed
-from locks_toolkit.kernels.triton.checks import DECODE_CASES, MANY_PAGES_CASE, SELECT_CASES, check_decode, check_score_select
+from locks_toolkit.kernels.triton.checks import (
+    DECODE_CASES,
+    MANY_PAGES_CASE,
+    SELECT_CASES,
+    check_decode,
+    check_score_select,
+)
 from locks_toolkit.kernels.triton.score_select import ScoreTuning
 
 SM90 = (os.environ.get("TRITON_INTERPRET") != "1" and torch.cuda.is_available()

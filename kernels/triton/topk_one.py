@@ -41,7 +41,7 @@ REG_SMALL, REG_MID, REG_LARGE, REG_EXTRA = 2048, 4096, 8192, 1024
 
 def register_sizes() -> dict:
     """The register-size constexprs of a launch (read at call time, so tests can shrink them)."""
-    return dict(REG_SMALL=REG_SMALL, REG_MID=REG_MID, REG_LARGE=REG_LARGE, REG_EXTRA=REG_EXTRA)
+    return {"REG_SMALL": REG_SMALL, "REG_MID": REG_MID, "REG_LARGE": REG_LARGE, "REG_EXTRA": REG_EXTRA}
 
 
 @triton.jit

@@ -12,7 +12,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..config import SELECT_PATHS, ConfigError, LocksConfig, SelectionConfig, SummaryFormat, check_combine_rule
+from ..config import (
+    SELECT_PATHS,
+    ConfigError,
+    LocksConfig,
+    SelectionConfig,
+    SummaryFormat,
+    check_combine_rule,
+)
 
 logger = logging.getLogger(__name__)
 
