@@ -74,7 +74,7 @@ class ScoreTuning:
     # bench's `locks-one` arm runs "one" beside it).
     select_path: str = "four"
     # The one-launch path's last program: True holds the contested keys in registers when they fit
-    # (topk_one.REG_LARGE + REG_EXTRA); False always streams them from memory (what longer contexts do).
+    # (topk_one.REG_LARGE * 9/8 pages); False always streams them from memory (what longer contexts do).
     register_select: bool = True
     select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.SELECT_WARPS
     # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):

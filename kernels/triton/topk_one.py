@@ -33,15 +33,16 @@ from .topk import _COARSE, _chunk_keys, _pick_top_bin, _program_pages
 CAND = 64  # bin-b1 pages ranked in registers ([CAND, CAND] compares); more take the slow path
 SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread at 8 warps)
 SELECT_WARPS = 8
-# Register tensor sizes of the last program (contested keys; powers of two but REG_EXTRA): up to
-# REG_LARGE + REG_EXTRA = 9216 pages (147K tokens) the keys stay in registers; longer contexts take the
-# passes over memory (~2 µs per pass at 128K on the H200).
-REG_SMALL, REG_MID, REG_LARGE, REG_EXTRA = 2048, 4096, 8192, 1024
+# Register tensor sizes of the last program (contested keys, powers of two): each size S holds S + S/8
+# keys in two tensors, so a context just past a power of two (32K or 128K plus its decode tokens) does
+# not fall to the next size. Up to 8192 + 1024 pages (147K tokens) the keys stay in registers; longer
+# contexts take the passes over memory (~2 µs per pass at 128K on the H200).
+REG_SMALL, REG_MID, REG_LARGE = 2048, 4096, 8192
 
 
 def register_sizes() -> dict:
     """The register-size constexprs of a launch (read at call time, so tests can shrink them)."""
-    return {"REG_SMALL": REG_SMALL, "REG_MID": REG_MID, "REG_LARGE": REG_LARGE, "REG_EXTRA": REG_EXTRA}
+    return {"REG_SMALL": REG_SMALL, "REG_MID": REG_MID, "REG_LARGE": REG_LARGE}
 
 
 @triton.jit
@@ -175,7 +176,7 @@ def _keys_select_kernel(
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
     K_PAD: tl.constexpr, CAND: tl.constexpr, SELECT_BLOCK: tl.constexpr, COARSE_PICK: tl.constexpr = True,
     REGISTERS: tl.constexpr = True, REG_SMALL: tl.constexpr = 2048, REG_MID: tl.constexpr = 4096,
-    REG_LARGE: tl.constexpr = 8192, REG_EXTRA: tl.constexpr = 1024,  # register tensor sizes (module constants)
+    REG_LARGE: tl.constexpr = 8192,  # register tensor sizes (module constants)
     PDL: tl.constexpr = False,
 ):
     """Keys of every chunk, then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
@@ -200,13 +201,14 @@ def _keys_select_kernel(
             contested = recent - 1
             # The register sizes are picked per call from the live pages: every size is compiled, and a
             # [16384] tensor cost 29 µs at bs1 where [8192] cost 18 (H200, 2026-11-30), so one size
-            # fitted to the widest table would make every short context pay for the longest.
-            if REGISTERS and contested <= REG_SMALL:
-                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_SMALL, 16)
-            elif REGISTERS and contested <= REG_MID:
-                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_MID, 16)
-            elif REGISTERS and contested <= REG_LARGE + REG_EXTRA:
-                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_LARGE, REG_EXTRA)
+            # fitted to the widest table would make every short context pay for the longest. (The
+            # engine ran 32K + decode, 2047-2059 contested pages, in the next size up; now S + S/8.)
+            if REGISTERS and contested <= REG_SMALL + REG_SMALL // 8:
+                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_SMALL, REG_SMALL // 8)
+            elif REGISTERS and contested <= REG_MID + REG_MID // 8:
+                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_MID, REG_MID // 8)
+            elif REGISTERS and contested <= REG_LARGE + REG_LARGE // 8:
+                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_LARGE, REG_LARGE // 8)
             elif in_bin <= CAND:
                 scratch = pair.to(tl.int64) * max_pages
                 _select_sparse_bin(key_row, out_row, cand_page_ptr + scratch, cand_low_ptr + scratch, recent, b1,
