@@ -1,4 +1,5 @@
-"""Group combine + top-(k-2) page selection in ONE launch after the score kernel (the default path).
+"""Group combine + top-(k-2) page selection in ONE launch after the score kernel (`select_path="one"`;
+the default is still topk.py's four launches: this path was faster alone, not yet in the engine).
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`;
 keys, histogram and tie rule are topk.py's (23-bit fixed-point log shares, ties to the lower page id).
@@ -6,16 +7,16 @@ keys, histogram and tie rule are topk.py's (23-bit fixed-point log shares, ties 
 `_keys_select_kernel`, grid (S * Hkv, chunks): every program computes the keys of its chunk and adds
 their top 13 bits to the pair's histogram (topk.py `_chunk_keys`), then arrives at the pair's counter.
 The program that arrives last (it alone sees count = chunks - 1; no program ever waits, so the grid
-needs no co-residency and the interpreter's one-program-at-a-time order works) selects:
-- threshold bin b1 and the count still needed from it, from the finished histogram (coarse pick);
-- fast path, at most CAND pages in bin b1 (what real attention gives; flat attention does not):
-  one pass over the keys writes the pages above b1 and the pages of b1 to scratch, in page order;
-  the bin's pages are ranked against each other in registers, and the two sorted lists are merged by
-  counting, so the output row comes out ascending without a sort;
-- slow path (a crowded bin): the low 10 bits' threshold by binary search, each step a pass over the
-  keys, then the tie cut-off page, then one ordered output pass.
-The pass structure replaces topk.py's three launches after the keys (gather, resolve, finalize); on
-the H200 each launch cost ~4-6 µs at bs1 whatever the context (`score-sweep-h200-s4.md`).
+needs no co-residency and the interpreter's one-program-at-a-time order works) selects, after reading
+threshold bin b1 and the count still needed from it from the finished histogram (coarse pick):
+- contexts up to 9216 contested pages: every key in registers (a size picked per call from the live
+  pages), the low 10 bits' threshold by binary search over the bin, the tie cut by a scan, the pages
+  ascending by another: the same cost whether the bin is sparse or crowded;
+- longer contexts, passes over memory: a bin of at most CAND pages is ranked in registers and merged
+  with the pages above it by counting (ascending, no sort); a crowded bin takes a binary search with
+  one pass per bit, then the tie cut-off page, then one ordered output pass.
+This replaces topk.py's three launches after the keys (gather, resolve, finalize); on the H200 each
+cost ~4-6 µs at bs1 whatever the context (`score-sweep-h200-s4.md`).
 
 Memory order: each program's stores and histogram atomics, then a CTA barrier, then one acq_rel
 atomic on the counter (Triton issues a scalar atomic from one thread): the CUTLASS semaphore pattern.
