@@ -59,32 +59,6 @@ VARIANTS = (
 )
 
 
-def decode_cell(geom, state: _ContextState, batch: int, budget_tokens: int, replays: int) -> list[dict]:
-    """The sparse decode with the splits merged by the last split (default) and by a second launch, on
-    the sink + recent + evenly spaced pages (selection does not change the decode's cost)."""
-    k_pages = SelectionConfig(budget_tokens=budget_tokens).page_budget
-    q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
-    bt = state.block_table[:batch]
-    seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device="cuda")
-    recent = -(-state.seq_len // PAGE_SIZE) - 1
-    pages = torch.linspace(0, recent, k_pages).round().to(torch.int32).unique()
-    selected = pages.to("cuda").expand(batch, geom.num_kv_heads, -1).contiguous()
-    out = torch.empty_like(q)
-    ws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, "cuda")
-    rows, first = [], None
-    for merge in (True, False):
-        def decode(merge=merge):
-            for k, v in zip(state.k, state.v):
-                ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, geom.head_dim**-0.5, out, ws, merge_in_decode=merge)
-
-        decode()
-        first = out.clone() if first is None else first
-        timing = _time_graph(decode, replays, state.copies)
-        rows.append({"kind": "decode", "merge_in_decode": merge, "context_tokens": state.seq_len - 1, "batch_size": batch,
-                     "mean_us": timing["mean_us"], "sd_us": timing["sd_us"], "same_output": bool(torch.equal(out, first))})
-    return rows
-
-
 def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int,
                variants=VARIANTS, flat: bool = False, table_pages: int = 0) -> list[dict]:
     """flat: zero queries, so every page scores the same and every key ties (the select path's worst case).
@@ -187,7 +161,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--variants", type=int, default=len(VARIANTS), help="time only the first N of VARIANTS")
     parser.add_argument("--flat", action="store_true", help="zero queries: every key ties (dummy-weight engines)")
-    parser.add_argument("--decode", action="store_true", help="also time the sparse decode's two merge paths")
     parser.add_argument("--table-pages", type=int, default=0, help="block-table width (an engine's max_model_len / 16)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -206,11 +179,6 @@ def main(argv: list[str] | None = None) -> int:
         for batch in batches:
             cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, VARIANTS[: args.variants], args.flat, args.table_pages)
             rows.extend(cell)
-            if args.decode:
-                for r in decode_cell(geom, state, batch, args.budget, args.replays):
-                    log.info("decode %s bs%d merge_in_decode=%s: %.1f ± %.1f µs (same output: %s)", format_size(r["context_tokens"]),
-                             batch, r["merge_in_decode"], r["mean_us"], r["sd_us"], r["same_output"])
-                    cell.append(r)
             if args.out:
                 with open(args.out, "a") as f:
                     for r in cell:

@@ -43,7 +43,7 @@ PRODUCTION_HINTS: dict[str, dict[str, int]] = {
     "_row_select_kernel": {"max_pages": 16, "K": 16},
     "_keys_select_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16, "num_score_chunks": 16},
     "_sparse_decode_kernel": {"s_qs": 16, "s_qh": 16, "s_kb": 16, "s_kt": 16, "s_kh": 16, "s_vb": 16, "s_vt": 16,
-                              "s_vh": 16, "s_bt": 16, "s_os": 16, "s_oh": 16, "K": 16},
+                              "s_vh": 16, "s_bt": 16, "K": 16},
     "_merge_kernel": {"s_os": 16, "s_oh": 16},
 }
 
@@ -94,10 +94,8 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
               REGISTERS=True, **_one.register_sizes(), **select_common), _one.SELECT_WARPS),
         (_decode._sparse_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
                                          "seq_lens_ptr": "*i32", "sel_ptr": "*i32", "part_out_ptr": "*fp32",
-                                         "part_lse_ptr": "*fp32", "arrivals_ptr": "*i32", "out_ptr": "*bf16",
-                                         "scale": "fp32"},
-         dict(G=group, G_DOT=g_dot, D=head_dim, D_PAD=head_dim, B=PAGE_SIZE, PPI=_decode.PAGES_PER_ITER, FP32=False,
-              MERGE=True, SPLIT_PAD=_decode.MAX_SPLITS, DC=min(head_dim, _decode.MERGE_TILE // (g_dot * _decode.MAX_SPLITS))), 4),
+                                         "part_lse_ptr": "*fp32", "scale": "fp32"},
+         dict(G=group, G_DOT=g_dot, D=head_dim, D_PAD=head_dim, B=PAGE_SIZE, PPI=_decode.PAGES_PER_ITER, FP32=False), 4),
         (_decode._merge_kernel, {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"},
          dict(D=head_dim, D_PAD=head_dim, SPLIT_PAD=_decode.MAX_SPLITS), 4),
     ]

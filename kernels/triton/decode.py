@@ -8,9 +8,9 @@ page slots, PPI pages per iteration, through the block table; each K/V page is r
 G heads (K and V issued together: the first dot's operand shuffle is a barrier loads stay behind).
 Online softmax in fp32, P@V with p cast to the cache dtype (bf16), fp32 accumulation.
 Tokens >= seq_len (the partial last page) and -1 slots are masked. It writes (o / l, lse) per
-query head and split; then (MERGE) the pair's last program to arrive combines the splits by
-log-sum-exp and writes out in q's dtype (topk_one.py's arrival protocol: nobody waits), which saves
-`_merge_kernel`'s launch, grid (S * Hq,), kept for MERGE=False. The split count is fixed by the
+query head and split; `_merge_kernel`, grid (S * Hq,), combines the splits by log-sum-exp and
+writes out in q's dtype. (Merging in the decode kernel's last split to arrive, one launch fewer, was
+1.1-1.4 µs slower at bs1 on the H200: `score-sweep-h200-s5.md`.) The split count is fixed by the
 workspace and the batch shape, never by data, so one captured graph serves every context.
 Bytes: k * B * d * 2 * elt (K+V, 1 MB per (seq, KV head) at b=2048, d=128, bf16)
 + partials 2 * Hq * splits * (d + 1) * 4 (written and re-read).
@@ -30,17 +30,12 @@ PAGES_PER_ITER = 2  # 32 tokens per tl.dot: the N of QK^T and the K of PV
 MAX_SPLITS = 32
 
 
-MERGE_TILE = 8192  # partial values per step of the in-kernel merge (64 fp32 registers per thread at 4 warps)
-
-
 @dataclass(frozen=True)
 class DecodeWorkspace:
-    """Split-K partials: out [S_max, Hq, splits, d] fp32 and lse [S_max, Hq, splits] fp32; arrivals
-    int32 [S_max * Hq] (>= one counter per (sequence, KV head)), zero between calls."""
+    """Split-K partials: out [S_max, Hq, splits, d] fp32 and lse [S_max, Hq, splits] fp32."""
 
     partial_out: torch.Tensor
     partial_lse: torch.Tensor
-    arrivals: torch.Tensor
 
     @property
     def max_splits(self) -> int:
@@ -49,12 +44,11 @@ class DecodeWorkspace:
 
 @triton.jit
 def _sparse_decode_kernel(
-    q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sel_ptr, part_out_ptr, part_lse_ptr, arrivals_ptr, out_ptr,
-    s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_os, s_oh,
+    q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sel_ptr, part_out_ptr, part_lse_ptr,
+    s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt,
     num_kv_heads, num_q_heads, K, num_splits, max_splits, scale,
     G: tl.constexpr, G_DOT: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr,
-    PPI: tl.constexpr, FP32: tl.constexpr, MERGE: tl.constexpr = True, SPLIT_PAD: tl.constexpr = 32,
-    DC: tl.constexpr = 32, PDL: tl.constexpr = False,
+    PPI: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     enter_dependent(PDL)
     pair = tl.program_id(0)
@@ -107,33 +101,6 @@ def _sparse_decode_kernel(
     tl.store(part_lse_ptr + head * max_splits + split, lse, mask=gm)
     o_ptr = part_out_ptr + (head.to(tl.int64) * max_splits + split)[:, None] * D + d[None, :]
     tl.store(o_ptr, o, mask=gm[:, None] & dm[None, :])
-    if MERGE:
-        tl.debug_barrier()  # every thread's partials are issued before the arrival
-        if tl.atomic_add(arrivals_ptr + pair, 1, sem="acq_rel") == num_splits - 1:
-            tl.store(arrivals_ptr + pair, 0)
-            _merge_heads(part_out_ptr, part_lse_ptr, out_ptr + s * s_os, head, h * G + g, gm, s_oh, num_splits,
-                         max_splits, D, D_PAD, SPLIT_PAD, DC)
-
-
-@triton.jit
-def _merge_heads(part_out_ptr, part_lse_ptr, out_row, head, qh, gm, s_oh, num_splits, max_splits,
-                 D: tl.constexpr, D_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, DC: tl.constexpr):
-    """out[qh] = the splits' (o, lse) of flat heads `head` [G_DOT] combined by log-sum-exp, DC dims at a time."""
-    sp = tl.arange(0, SPLIT_PAD)
-    ok = gm[:, None] & (sp < num_splits)[None, :]
-    lse = tl.load(part_lse_ptr + head[:, None] * max_splits + sp[None, :], mask=ok, other=float("-inf"))
-    top = tl.max(lse, axis=1)
-    top_safe = tl.where(top == float("-inf"), 0.0, top)
-    w = tl.where(ok & (lse > float("-inf")), tl.exp(lse - top_safe[:, None]), 0.0)  # [G_DOT, SPLIT_PAD]
-    total = tl.sum(w, axis=1)
-    total_safe = tl.where(total > 0, total, 1.0)
-    for first in tl.static_range(0, D_PAD, DC):
-        dd = first + tl.arange(0, DC)
-        rows = (head.to(tl.int64)[:, None] * max_splits + sp[None, :])[:, :, None] * D + dd[None, None, :]
-        o = tl.load(part_out_ptr + rows, mask=(w > 0)[:, :, None] & (dd < D)[None, None, :], other=0.0)
-        res = tl.sum(w[:, :, None] * o, axis=1) / total_safe[:, None]
-        tl.store(out_row + qh[:, None] * s_oh + dd[None, :], res.to(out_row.dtype.element_ty),
-                 mask=gm[:, None] & (dd < D)[None, :])
 
 
 @triton.jit

@@ -265,11 +265,10 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
 def decode_workspace(
     max_num_seqs: int, num_q_heads: int, head_dim: int, device: torch.device | str, num_splits: int = _decode.MAX_SPLITS
 ) -> DecodeWorkspace:
-    """Split-K partials for sparse_paged_decode: fp32 out [S, Hq, splits, d] and lse [S, Hq, splits], int32 arrivals [S * Hq]."""
+    """Split-K partials for sparse_paged_decode: fp32 out [S, Hq, splits, d] and lse [S, Hq, splits]."""
     return DecodeWorkspace(
         partial_out=torch.empty((max_num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=device),
         partial_lse=torch.empty((max_num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=device),
-        arrivals=torch.zeros((max_num_seqs * num_q_heads,), dtype=torch.int32, device=device),  # kept zero between calls
     )
 
 
@@ -290,15 +289,11 @@ def sparse_paged_decode(
     out: torch.Tensor,
     workspace: DecodeWorkspace,
     *,
-    merge_in_decode: bool = False,
     pdl: bool = False,
 ) -> None:
     """q [S, Hq, d], caches [NB, 16, Hkv, d], selected_pages int32 [S, Hkv, k] (logical, -1 skipped) -> writes out [S, Hq, d] (q dtype).
 
-    merge_in_decode False (default): the splits are combined by a second launch (`_merge_kernel`); True:
-    by the last split of each (sequence, KV head), one launch but a serial tail: H200 2026-11-30 bs1,
-    9.9 vs 8.8 µs at 32K, 9.4 vs 8.0 at 128K (`score-sweep-h200-s5.jsonl`). pdl: both launches use
-    programmatic dependent launch (`_common.enter_dependent`)."""
+    pdl: both launches (decode, merge) use programmatic dependent launch (`_common.enter_dependent`)."""
     num_seqs, num_q_heads, head_dim = q.shape
     check(k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE and k_cache.shape == v_cache.shape,
           f"k_cache/v_cache must both be [NB, {PAGE_SIZE}, Hkv, d]; got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
@@ -315,24 +310,18 @@ def sparse_paged_decode(
     check(ws.partial_out.shape[0] >= num_seqs and ws.partial_out.shape[1] == num_q_heads and ws.partial_out.shape[3] == head_dim,
           f"decode workspace {tuple(ws.partial_out.shape)} does not fit S={num_seqs}, Hq={num_q_heads}, d={head_dim}; "
           "rebuild it with decode_workspace(max_num_seqs, Hq, d, device)")
-    check(ws.arrivals.numel() >= num_seqs * num_kv_heads, f"decode workspace has {ws.arrivals.numel()} arrival counters "
-          f"< S*Hkv={num_seqs * num_kv_heads}; rebuild it with decode_workspace(max_num_seqs, Hq, d, device)")
     page_budget = selected_pages.shape[2]
     group = num_q_heads // num_kv_heads
     splits = decode_splits(num_seqs, num_kv_heads, page_budget, ws, device_index(q))
-    g_dot, split_pad = next_pow2(group), next_pow2(splits)
     _decode._sparse_decode_kernel[(num_seqs * num_kv_heads, splits)](
-        q, k_cache, v_cache, block_table, seq_lens, selected_pages, ws.partial_out, ws.partial_lse, ws.arrivals, out,
+        q, k_cache, v_cache, block_table, seq_lens, selected_pages, ws.partial_out, ws.partial_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), out.stride(0), out.stride(1),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
         num_kv_heads, num_q_heads, page_budget, splits, ws.max_splits, scale,
-        G=group, G_DOT=g_dot, D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE,
-        PPI=_decode.PAGES_PER_ITER, FP32=dot_in_fp32(k_cache), MERGE=merge_in_decode, SPLIT_PAD=split_pad,
-        DC=min(next_pow2(head_dim), max(1, _decode.MERGE_TILE // (g_dot * split_pad))), PDL=pdl, launch_pdl=pdl,
-        num_warps=4,
+        G=group, G_DOT=next_pow2(group), D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE,
+        PPI=_decode.PAGES_PER_ITER, FP32=dot_in_fp32(k_cache), PDL=pdl, launch_pdl=pdl, num_warps=4,
     )
-    if not merge_in_decode:
-        _decode._merge_kernel[(num_seqs * num_q_heads,)](
-            ws.partial_out, ws.partial_lse, out, out.stride(0), out.stride(1), num_q_heads, splits, ws.max_splits,
-            D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=split_pad, PDL=pdl, launch_pdl=pdl, num_warps=4,
-        )
+    _decode._merge_kernel[(num_seqs * num_q_heads,)](
+        ws.partial_out, ws.partial_lse, out, out.stride(0), out.stride(1), num_q_heads, splits, ws.max_splits,
+        D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=next_pow2(splits), PDL=pdl, launch_pdl=pdl, num_warps=4,
+    )
