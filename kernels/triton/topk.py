@@ -1,6 +1,6 @@
 """Group combine + top-(k-2) page selection of score_select: the key and histogram helpers every path
-uses, and the multi-launch paths (`ScoreTuning.select_path` "four" and "row"); the default one-launch
-path is topk_one.py.
+uses, and the multi-launch paths (`ScoreTuning.select_path` "four", the default, and "row"); the
+one-launch path is topk_one.py.
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`.
 
@@ -275,8 +275,15 @@ def _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B: tl.constexpr, K_PA
     slot = tl.arange(0, K_PAD)
     sparse = num_pages > K
     if not sparse:
-        tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
+        _dense_row(out_row, num_pages, K, K_PAD)
     return pair, num_pages, out_row, slot, sparse
+
+
+@triton.jit
+def _dense_row(out_row, num_pages, K, K_PAD: tl.constexpr):
+    """Pages <= k: every page, -1 padded (the dense fallback, decided on the device)."""
+    slot = tl.arange(0, K_PAD)
+    tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
 
 
 @triton.jit
@@ -292,10 +299,16 @@ def _take_histogram(row_ptr, NB: tl.constexpr):
 def _take_top_pick(row_ptr, need, NB: tl.constexpr, COARSE_PICK: tl.constexpr):
     """`_pick_top_bin` of a pair's histogram row, which is then left zeroed (fine and coarse counts)."""
     picked, rest = _pick_top_bin(row_ptr, need, NB, COARSE_PICK)
+    _clear_histogram_row(row_ptr, NB)
+    return picked, rest
+
+
+@triton.jit
+def _clear_histogram_row(row_ptr, NB: tl.constexpr):
+    """Zero a pair's histogram row (fine and coarse counts) for the next call, once every lane has read it."""
     tl.debug_barrier()  # every lane has read its counts before any lane zeroes them
     tl.store(row_ptr + tl.arange(0, NB), tl.zeros([NB], tl.int32))
     tl.store(row_ptr + NB + tl.arange(0, _COARSE), tl.zeros([_COARSE], tl.int32))
-    return picked, rest
 
 
 @triton.jit

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ._common import enter_dependent
-from .topk import _COARSE, _chunk_keys, _pick_top_bin, _program_pages
+from .topk import _COARSE, _chunk_keys, _clear_histogram_row, _dense_row, _pick_top_bin, _program_pages
 
 CAND = 64  # bin-b1 pages ranked in registers ([CAND, CAND] compares); more take the slow path
 SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread at 8 warps)
@@ -44,13 +44,6 @@ REG_SMALL, REG_MID, REG_LARGE = 2048, 4096, 8192
 def register_sizes() -> dict:
     """The register-size constexprs of a launch (read at call time, so tests can shrink them)."""
     return {"REG_SMALL": REG_SMALL, "REG_MID": REG_MID, "REG_LARGE": REG_LARGE}
-
-
-@triton.jit
-def _dense_row(out_row, num_pages, K, K_PAD: tl.constexpr):
-    """Pages <= k: every page, -1 padded (the dense fallback, decided on the device)."""
-    slot = tl.arange(0, K_PAD)
-    tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
 
 
 @triton.jit
@@ -193,9 +186,7 @@ def _keys_select_kernel(
             hist_row = hist_ptr + pair * (NBINS + _COARSE)
             b1, need_in = _pick_top_bin(hist_row, K - 2, NBINS, COARSE_PICK)
             in_bin = tl.load(hist_row + b1)
-            tl.debug_barrier()  # every lane has read its counts before any lane zeroes them
-            tl.store(hist_row + tl.arange(0, NBINS), tl.zeros([NBINS], tl.int32))
-            tl.store(hist_row + NBINS + tl.arange(0, _COARSE), tl.zeros([_COARSE], tl.int32))
+            _clear_histogram_row(hist_row, NBINS)
             tl.store(counter, 0)
             key_row = keys_ptr + pair.to(tl.int64) * max_pages
             recent = num_pages - 1

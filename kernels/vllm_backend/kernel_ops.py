@@ -137,7 +137,6 @@ class TritonOps:
 
         self._ops = ops
         self._tuning = replace(DEFAULT_TUNING, select_path=select, pdl=pdl)
-        self._pdl = pdl
 
     def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> Any:
         group = shape.num_q_heads // shape.num_kv_heads
@@ -162,7 +161,7 @@ class TritonOps:
 
     def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace) -> None:
         self._ops.sparse_paged_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace[1],
-                                      pdl=self._pdl)
+                                      pdl=self._tuning.pdl)
 
 
 def ops_for_device(device: torch.device | str, select: str = SELECT_PATHS[0], pdl: bool = False) -> KernelOps:
