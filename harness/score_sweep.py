@@ -37,6 +37,9 @@ VARIANTS = (
     DEFAULT_TUNING,
     # selection in one launch (topk_one.py; s5): keys in registers sized per call, or passes over memory
     # (contexts > 147K tokens), or over 64 chunks
+    ScoreTuning(coef_mma=True),
+    ScoreTuning(word_pairs=True),
+    ScoreTuning(coef_mma=True, word_pairs=True),
     ScoreTuning(select_path="one"),
     ScoreTuning(select_path="one", register_select=False),
     ScoreTuning(select_path="one", select_chunks=64),

@@ -110,7 +110,10 @@ def _variants(**geometry) -> list[tuple[str, tuple]]:
     fn, pointers, constexprs, warps = next(spec for spec in specs if spec[0] is _ss._score_kernel)
     with_pdl = [(f"{name}[pdl]", (spec[0], spec[1], {**spec[2], "PDL": True}, spec[3])) for name, spec in named
                 if name in ("_score_kernel", "_keys_kernel", "_sparse_decode_kernel")]
-    return named + with_pdl + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps))]
+    return named + with_pdl + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps)),
+                               ("_score_kernel[coef_mma]", (fn, pointers, {**constexprs, "COEF_MMA": True}, warps)),
+                               ("_score_kernel[pairs]", (fn, pointers, {**constexprs, "PAIRS": True}, warps)),
+                               ("_score_kernel[pairs+mma]", (fn, pointers, {**constexprs, "PAIRS": True, "COEF_MMA": True}, warps))]
 
 
 def compile_kernel(fn, pointer_types: dict, constexprs: dict, warps, target: GPUTarget = SM90):

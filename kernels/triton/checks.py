@@ -315,6 +315,9 @@ def gpu_smoke_checks(device: str, seed: int) -> list[CheckResult]:
     return results
 
 
+SCORER_VARIANTS = (ScoreTuning(coef_mma=True), ScoreTuning(word_pairs=True), ScoreTuning(coef_mma=True, word_pairs=True))
+
+
 def full_battery(device: str, seed: int) -> list[CheckResult]:
     """Every case of the test files, for machines without pytest (`python -m ...triton.checks`)."""
     results = [check_build(device, f, d, t, seed + i, num_kv_heads=1, num_pages=2) for i, (f, d, t) in enumerate(BUILD_CASES)]
@@ -324,6 +327,9 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
     results.append(check_score_select(device, MANY_PAGES_CASE, seed, torch.bfloat16))
     results += [check_decode(device, c, seed + i, t) for i, c in enumerate(DECODE_CASES)
                 for t in (torch.bfloat16, torch.float32)]
+    # the scorer's tensor-core variants on bf16 queries (on the GPU: the bf16 split of V^T q, paired decode)
+    results += [check_score_select(device, c, seed + i, torch.bfloat16, tuning=t)
+                for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE]) for t in SCORER_VARIANTS]
     if torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
         # programmatic dependent launch: sm_90 only (the interpreter has no griddepcontrol)
         results += [check_score_select(device, c, seed + i, tuning=ScoreTuning(select_path=path, pdl=True))

@@ -66,6 +66,13 @@ class ScoreTuning:
     # faster: the scorer waits on loads and shared memory, not issue, once 128 chunks fill the SMs).
     # H200 2026-11-29, 128K bs1, 128 chunks: 46.6 us (neither), 46.3 (words), 44.6 (vector), 42.4 (both).
     coef_vector: bool = True
+    # True: the coefficient contraction runs on the tensor cores (`_coef_mma`: one batched dot per tile,
+    # V^T q split into three bf16 terms that carry fp32's 24 bits) instead of the fp32 FMA dot with K
+    # padded from r to 16, whose operands go through shared memory. Needs r >= 4 (K = 4 * next_pow2(r)).
+    coef_mma: bool = False
+    # True (word path only): both codes a word decode yields side by side in K (`_word_pairs`, four dots
+    # of K = d/4), so each decoded bf16 pair is one dot operand register instead of two half registers.
+    word_pairs: bool = False
     # Selection after the score kernel (config.SELECT_PATHS): "four" (topk.py: keys, gather, resolve,
     # finalize), "one" (topk_one.py: keys per chunk, the pair's last program selects) or "row" (keys,
     # then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
@@ -207,6 +214,44 @@ def _mma(a, b, acc, FP32: tl.constexpr):
 
 
 @triton.jit
+def _coef_mma(coef, vq, P: tl.constexpr, B: tl.constexpr, RP: tl.constexpr, G_DOT: tl.constexpr, FP32: tl.constexpr):
+    """acc[p, i, g] = sum_c coef[p, i, c] * vq[p * RP + c, g] ([P, B, RP] x [P * RP, G_DOT] -> fp32 [P, B, G_DOT])
+    as one batched tensor-core dot with K = 4 RP: K segment j holds term j of vq = hi + mid + lo (bf16 each,
+    24 significant bits in all: the fp32 result up to its last bit or so; segment 3 is zero) and the
+    coefficients repeat in every segment (int8 codes are exact in bf16). With FP32 the terms are fp32
+    (mid = lo = 0) and the dot runs ieee: the interpreter's path, and the fp16-format one."""
+    SPLIT_T = tl.float32 if FP32 else tl.bfloat16
+    v = tl.reshape(vq, [P, RP, G_DOT])
+    hi = v.to(SPLIT_T)
+    rest = v - hi.to(tl.float32)
+    mid = rest.to(SPLIT_T)
+    lo = (rest - mid.to(tl.float32)).to(SPLIT_T)
+    terms = tl.join(tl.join(hi, mid), tl.join(lo, tl.zeros_like(lo)))  # [P, RP, G, 2 (i), 2 (a)]: term i + 2a
+    terms = tl.reshape(tl.permute(terms, (0, 4, 3, 1, 2)), [P, 4 * RP, G_DOT])  # k = term * RP + c
+    a = coef.to(tl.float32).to(SPLIT_T)
+    a = tl.join(a, a)
+    a = tl.join(a, a)  # [P, B, RP, 2, 2]
+    a = tl.reshape(tl.permute(a, (0, 1, 4, 3, 2)), [P, B, 4 * RP])
+    return _mma(a, terms, tl.zeros([P, B, G_DOT], tl.float32), FP32)
+
+
+@triton.jit
+def _q_pairs(q_cols, SH: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.constexpr):
+    """q^T rows [D/4, G_DOT] in the K order of `_word_pairs` for nibble SH: k = 2j + half is dim 8j + SH
+    (half 0) or 8j + 4 + SH (half 1)."""
+    k = tl.arange(0, D_PAD // 4)
+    return tl.load(q_cols + (8 * (k // 2) + 4 * (k % 2) + SH)[:, None], mask=gm[None, :], other=0.0).to(DOT_T)
+
+
+@triton.jit
+def _word_pairs(words, SHIFT: tl.constexpr, DOT_T: tl.constexpr, M: tl.constexpr, KW: tl.constexpr):
+    """[M, KW] words -> [M, 2 KW] codes: both codes of `_word_codes` for SHIFT side by side (k = 2j + half),
+    so each bf16 pair of the decode is one dot operand register."""
+    lo, hi = _word_codes(words, SHIFT, DOT_T)
+    return tl.reshape(tl.join(lo, hi), [M, 2 * KW])
+
+
+@triton.jit
 def _q_part(q_cols, OFF: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.constexpr):
     """q^T rows 8j + OFF (j < D/8) [D/8, G_DOT]: the dims `_word_codes` yields for one SHIFT and half
     (the word path runs only where D = D_PAD, `word_decode_fits`)."""
@@ -224,6 +269,7 @@ def _score_kernel(
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, STAGES: tl.constexpr = 1, MANTISSA: tl.constexpr = True,
     WORDS: tl.constexpr = False, COEF_VEC: tl.constexpr = False, PDL: tl.constexpr = False,
+    COEF_MMA: tl.constexpr = False, PAIRS: tl.constexpr = False,
 ):
     enter_dependent(PDL)
     pair = tl.program_id(0)
@@ -261,6 +307,10 @@ def _score_kernel(
     q_w6 = _q_part(q_cols, 6, D_PAD, gm, DOT_T)
     q_w3 = _q_part(q_cols, 3, D_PAD, gm, DOT_T)
     q_w7 = _q_part(q_cols, 7, D_PAD, gm, DOT_T)
+    q_p0 = _q_pairs(q_cols, 0, D_PAD, gm, DOT_T)
+    q_p1 = _q_pairs(q_cols, 1, D_PAD, gm, DOT_T)
+    q_p2 = _q_pairs(q_cols, 2, D_PAD, gm, DOT_T)
+    q_p3 = _q_pairs(q_cols, 3, D_PAD, gm, DOT_T)
     jw = tl.arange(0, D_PAD // 8)
     rows_i32 = rows_u8.to(tl.pointer_type(tl.int32))
     tok = tl.arange(0, B)
@@ -300,7 +350,10 @@ def _score_kernel(
             mu = tl.load(rows_f16 + row[:, None] // 2 + d[None, :], mask=pm[:, None] & dm[None, :], other=0.0)
             v = tl.load(rows_f16 + row_n[:, None] // 2 + BASIS_OFF // 2 + n_col[:, None] * D + d[None, :],
                         mask=nm[:, None] & dm[None, :], other=0.0)
-            if COEF_VEC:
+            if COEF_MMA:
+                cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
+                coef = tl.load(rows_f16 + (row3 + COEF_OFF) // 2 + cv_idx, mask=cv_mask, other=0.0)  # [P, B, RP]
+            elif COEF_VEC:
                 cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
                 coef = _spread_columns(tl.load(rows_f16 + (row3 + COEF_OFF) // 2 + cv_idx, mask=cv_mask, other=0.0),
                                        f_pad, P, B, KC)
@@ -314,7 +367,10 @@ def _score_kernel(
             mu_scale = tl.load(rows_f16 + f_scales, mask=pm, other=0.0).to(tl.float32)
             col_scale = tl.load(rows_f16 + (row_n + SCALE_OFF) // 2 + 1 + B + n_col, mask=nm, other=0.0).to(tl.float32)
             tok_scale = tl.load(rows_f16 + f_scales[:, None] + 1 + tok[None, :], mask=pm[:, None], other=0.0)
-            if COEF_VEC:
+            if COEF_MMA:
+                cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
+                coef = tl.load(rows_i8 + row3 + COEF_OFF + cv_idx, mask=cv_mask, other=0)  # [P, B, RP]
+            elif COEF_VEC:
                 cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
                 coef = _spread_columns(tl.load(rows_i8 + row3 + COEF_OFF + cv_idx, mask=cv_mask, other=0), f_pad, P, B, KC)
             else:
@@ -334,7 +390,14 @@ def _score_kernel(
             mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
             q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
             if BITS == 4:
-                if WORDS:  # the eight K = d/8 products accumulate in the dot (no separate adds)
+                if PAIRS:
+                    M_ROWS: tl.constexpr = P * RP
+                    KW: tl.constexpr = D_PAD // 8
+                    vq = _mma(_word_pairs(words, 0, DOT_T, M_ROWS, KW), q_p0, tl.zeros([P * RP, G_DOT], tl.float32), FP32)
+                    vq = _mma(_word_pairs(words, 4, DOT_T, M_ROWS, KW), q_p1, vq, FP32)
+                    vq = _mma(_word_pairs(words, 8, DOT_T, M_ROWS, KW), q_p2, vq, FP32)
+                    vq = _mma(_word_pairs(words, 12, DOT_T, M_ROWS, KW), q_p3, vq, FP32)
+                elif WORDS:  # the eight K = d/8 products accumulate in the dot (no separate adds)
                     lo, hi = _word_codes(words, 0, DOT_T)
                     vq = _mma(hi, q_w4, _mma(lo, q_w0, tl.zeros([P * RP, G_DOT], tl.float32), FP32), FP32)
                     lo, hi = _word_codes(words, 4, DOT_T)
@@ -355,9 +418,12 @@ def _score_kernel(
                 vq = mm(v.to(tl.float32).to(DOT_T), q_full, FP32)
             vq = vq * col_scale[:, None]
             tok_scale = tok_scale.to(tl.float32)
-        # Coefficient contraction on CUDA cores: acc[p, i, g] = sum_c (V^T q)[p, c, g] * C[p, i, c].
-        vq_pad = tl.where((f_pad == 0)[None, None, :, None], tl.reshape(vq, [P, RP, 1, G_DOT]), 0.0)
-        acc = tl.dot(coef, tl.reshape(vq_pad, [P, KC, G_DOT]), input_precision="ieee")  # [P, B, G_DOT]
+        # Coefficient contraction: acc[p, i, g] = sum_c (V^T q)[p, c, g] * C[p, i, c].
+        if COEF_MMA:
+            acc = _coef_mma(coef, vq, P, B, RP, G_DOT, FP32)
+        else:  # on CUDA cores (an fp32 FMA dot)
+            vq_pad = tl.where((f_pad == 0)[None, None, :, None], tl.reshape(vq, [P, RP, 1, G_DOT]), 0.0)
+            acc = tl.dot(coef, tl.reshape(vq_pad, [P, KC, G_DOT]), input_precision="ieee")  # [P, B, G_DOT]
         logits = (q_mu[:, None, :] + acc * tok_scale[:, :, None]) * scale  # [P, B, G_DOT]
         page_max = tl.max(logits, axis=1)
         score = page_max + tl.log(tl.sum(tl.exp(logits - page_max[:, None, :]), axis=1))  # [P, G_DOT]
