@@ -37,9 +37,13 @@ VARIANTS = (
     DEFAULT_TUNING,
     # selection in one launch (topk_one.py; s5): keys in registers sized per call, or passes over memory
     # (contexts > 147K tokens), or over 64 chunks
-    ScoreTuning(coef_mma=True),
+    # one warp (or two) per program, tiles of 4-8 pages: no barriers across warps, 4x the programs
+    ScoreTuning(warps=1, tile=4, max_chunks=512),
+    ScoreTuning(warps=1, tile=4, max_chunks=512, word_pairs=True),
+    ScoreTuning(warps=2, tile=4, max_chunks=256),
+    ScoreTuning(warps=2, tile=8, max_chunks=256),
+    ScoreTuning(warps=1, tile=4, max_chunks=512, maxnreg=96),
     ScoreTuning(word_pairs=True),
-    ScoreTuning(coef_mma=True, word_pairs=True),
     ScoreTuning(select_path="one"),
     ScoreTuning(select_path="one", register_select=False),
     ScoreTuning(select_path="one", select_chunks=64),

@@ -315,7 +315,8 @@ def gpu_smoke_checks(device: str, seed: int) -> list[CheckResult]:
     return results
 
 
-SCORER_VARIANTS = (ScoreTuning(coef_mma=True), ScoreTuning(word_pairs=True), ScoreTuning(coef_mma=True, word_pairs=True))
+SCORER_VARIANTS = (ScoreTuning(word_pairs=True), ScoreTuning(warps=1, tile=4, max_chunks=512),
+                   ScoreTuning(warps=2, tile=8, max_chunks=256))
 
 
 def full_battery(device: str, seed: int) -> list[CheckResult]:

@@ -228,7 +228,7 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
     common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS)
     sizes = (num_kv_heads, ws.max_pages, chunks, page_budget)
     keys = dict(G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
-                STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, **common)
+                STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, SCP=next_pow2(score_chunks), **common)
     if tuning.select_path == "one":
         _one._keys_select_kernel[(pairs, chunks)](
             ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, ws.cand_low, ws.cand_page,

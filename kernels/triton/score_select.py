@@ -35,7 +35,8 @@ from ._common import enter_dependent, mm
 # chunks: 57.2 -> 46.6 us), fewer and wider loads per tile (42.4 us). Launch tuning beyond that is
 # exhausted: 8 warps, uncapped registers, software pipelining and int-to-float decode were all slower.
 P_TILE = 16  # pages per tile: the N of every tl.dot
-MAX_CHUNKS = 128  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
+MAX_CHUNKS = 512  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
+SCORE_CHUNKS = 128  # the default cap: every program slot of a bs1 launch of 4-warp programs (4 KV heads)
 # Selection chunks per pair at most (topk.py kernels 2-5). Its last pass is O(chunks + k): on the H200
 # (2026-11-29, 128K bs1, coarse picks) selection took 21.9 us over 32 chunks, 23.4 over 64 and 28.6 over
 # 128, so it stays at 32 while the score grid fills every program slot.
@@ -91,7 +92,7 @@ class ScoreTuning:
     # program slots; ncu on the H200 (2026-11-29, 128K bs1) saw 0.5 waves, 1.9 active warps per
     # scheduler and an issue every 3.2 cycles: the kernel waits on loads with too few warps to hide
     # them, so the default fills every slot (the grid is still capped at slots // pairs).
-    max_chunks: int = MAX_CHUNKS
+    max_chunks: int = SCORE_CHUNKS
     select_chunks: int = SELECT_CHUNKS  # chunks of the selection kernels at most (<= the score grid's)
     # True: threshold picks read 64 coarse + 128 fine histogram counts (topk.py); False: all 8192.
     coarse_pick: bool = True

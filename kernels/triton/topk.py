@@ -119,7 +119,7 @@ def _keys_kernel(
     num_kv_heads, max_pages, num_chunks, K, num_score_chunks,
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
-    PDL: tl.constexpr = False,
+    SCP: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Group key of every contested page as a 23-bit fixed-point log share, plus its top-digit histogram.
 
@@ -129,7 +129,7 @@ def _keys_kernel(
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
-                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW)
+                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
 
 
 @triton.jit
@@ -138,11 +138,13 @@ def _chunk_keys(
     max_pages, num_chunks, num_score_chunks,
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
+    SCP: tl.constexpr,
 ):
-    """Keys and histogram counts of the contested pages of one selection chunk of one pair."""
+    """Keys and histogram counts of the contested pages of one selection chunk of one pair (SCP: the
+    score chunks' count rounded up to a power of two; MAXC is only the workspace stride)."""
     g = tl.arange(0, GS)
     gm = g < G
-    ch = tl.arange(0, MAXC)
+    ch = tl.arange(0, SCP)
     part = (pair * MAXC + ch[:, None]) * GS + g[None, :]
     cmask = (ch[:, None] < num_score_chunks) & gm[None, :]
     c_max = tl.load(chunk_max_ptr + part, mask=cmask, other=float("-inf"))

@@ -171,7 +171,7 @@ def _keys_select_kernel(
     K_PAD: tl.constexpr, CAND: tl.constexpr, SELECT_BLOCK: tl.constexpr, COARSE_PICK: tl.constexpr = True,
     REGISTERS: tl.constexpr = True, REG_SMALL: tl.constexpr = 2048, REG_MID: tl.constexpr = 4096,
     REG_LARGE: tl.constexpr = 8192,  # register tensor sizes (module constants)
-    PDL: tl.constexpr = False,
+    SCP: tl.constexpr = 128, PDL: tl.constexpr = False,
 ):
     """Keys of every chunk, then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
     enter_dependent(PDL)
@@ -179,7 +179,7 @@ def _keys_select_kernel(
     out_row = out_ptr + pair.to(tl.int64) * K
     if num_pages > K:
         _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
-                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW)
+                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
         tl.debug_barrier()  # every thread's keys and counts are issued before the arrival
         counter = counts_ptr + pair * (2 * MAXC + 1) + MAXC
         if tl.atomic_add(counter, 1, sem="acq_rel") == num_chunks - 1:
