@@ -39,6 +39,11 @@ VARIANTS = (
     # (contexts > 147K tokens), or over 64 chunks
     # one warp (or two) per program, tiles of 4-8 pages: no barriers across warps, 4x the programs
     ScoreTuning(warps=1, tile=4, max_chunks=512),
+    ScoreTuning(warps=1, tile=4, max_chunks=512, stages=2),
+    ScoreTuning(warps=1, tile=4, max_chunks=512, stages=2, maxnreg=168),
+    ScoreTuning(warps=1, tile=4, max_chunks=512, coef_mma=True, maxnreg=112),
+    ScoreTuning(warps=1, tile=4, max_chunks=512, coef_mma=True),
+    ScoreTuning(warps=1, tile=4, max_chunks=512, stages=2, word_pairs=True),
     ScoreTuning(warps=1, tile=4, max_chunks=512, word_pairs=True),
     ScoreTuning(warps=2, tile=4, max_chunks=256),
     ScoreTuning(warps=2, tile=8, max_chunks=256),

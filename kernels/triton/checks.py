@@ -315,8 +315,9 @@ def gpu_smoke_checks(device: str, seed: int) -> list[CheckResult]:
     return results
 
 
-SCORER_VARIANTS = (ScoreTuning(word_pairs=True), ScoreTuning(warps=1, tile=4, max_chunks=512),
-                   ScoreTuning(warps=2, tile=8, max_chunks=256))
+SCORER_VARIANTS = (ScoreTuning(warps=1, tile=4, max_chunks=512, stages=2),
+                   ScoreTuning(warps=1, tile=4, max_chunks=512, coef_mma=True, maxnreg=112),
+                   ScoreTuning(warps=1, tile=4, max_chunks=512, stages=2, word_pairs=True))
 
 
 def full_battery(device: str, seed: int) -> list[CheckResult]:
