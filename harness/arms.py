@@ -169,6 +169,16 @@ register_arm(
 )
 register_arm(
     Arm(
+        "locks-one-pdl",
+        "CUSTOM",
+        sparse=True,
+        description="Locks with one-launch selection and programmatic dependent launch (select='one', pdl=true)",
+        counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
+        additional_config=_locks_variant(select="one", pdl=True),
+    )
+)
+register_arm(
+    Arm(
         "locks-kv",
         "FLASH_ATTN",  # the peer patches vLLM's selector so that a FlashAttention pick gets its backend
         sparse=True,

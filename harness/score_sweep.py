@@ -31,43 +31,33 @@ SCHEMA_SCORE_SWEEP = "locks.score_sweep/1"
 log = logging.getLogger(__name__)
 
 VARIANTS = (
-    # 128 score chunks (every program slot at bs1), <= 32 selection chunks with coarse threshold picks,
-    # 32-bit-word int4 decode, one vector load per token's coefficients (H200 sweeps of 2026-11-29 s4);
-    # selection in four launches (topk.py)
+    # one warp per program over 4-page tiles, every program slot at bs1 (512 chunks), coefficients
+    # contracted on the tensor cores (H200 sweeps of 2026-11-30 s6); <= 32 selection chunks with coarse
+    # threshold picks, 32-bit-word int4 decode, one vector load per token's coefficients (s4); selection
+    # in four launches (topk.py)
     DEFAULT_TUNING,
+    # the s4/s5 default: 4 warps x 16 pages, 128 chunks, FMA coefficient contraction
+    ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False),
+    ScoreTuning(coef_mma=False),  # one warp, FMA contraction (s6: 37.8 us at 128K)
+    ScoreTuning(maxnreg=112),  # 18 programs per SM (the kernel uses 108 registers)
+    ScoreTuning(word_pairs=True),
+    ScoreTuning(tile=8, maxnreg=168),  # no spills at 160 registers; 12 programs per SM
+    ScoreTuning(warps=2, tile=8, max_chunks=256),
+    ScoreTuning(stages=2, coef_mma=False),  # s6: 40.4 us at 128K (38.2 with paired codes)
     # selection in one launch (topk_one.py; s5): keys in registers sized per call, or passes over memory
     # (contexts > 147K tokens), or over 64 chunks
-    # one warp (or two) per program, tiles of 4-8 pages: no barriers across warps, 4x the programs
-    ScoreTuning(warps=1, tile=4, max_chunks=512),
-    ScoreTuning(warps=1, tile=4, max_chunks=512, stages=2),
-    ScoreTuning(warps=1, tile=4, max_chunks=512, stages=2, maxnreg=168),
-    ScoreTuning(warps=1, tile=4, max_chunks=512, coef_mma=True, maxnreg=112),
-    ScoreTuning(warps=1, tile=4, max_chunks=512, coef_mma=True),
-    ScoreTuning(warps=1, tile=4, max_chunks=512, stages=2, word_pairs=True),
-    ScoreTuning(warps=1, tile=4, max_chunks=512, word_pairs=True),
-    ScoreTuning(warps=2, tile=4, max_chunks=256),
-    ScoreTuning(warps=2, tile=8, max_chunks=256),
-    ScoreTuning(warps=1, tile=4, max_chunks=512, maxnreg=96),
-    ScoreTuning(word_pairs=True),
     ScoreTuning(select_path="one"),
     ScoreTuning(select_path="one", register_select=False),
     ScoreTuning(select_path="one", select_chunks=64),
     # selection in 2 launches (row path; H200 s4: 19.0 vs 21.3 us at 32K bs1, 46.5 vs 21.9 at 128K:
     # one program streams all keys twice)
     ScoreTuning(select_path="row"),
-    ScoreTuning(word_nibbles=False, coef_vector=False, select_chunks=64),  # s4's first step: the grid only
-    # the default of sessions 1-3 (docs/results/score-sweep-h200-s3.md)
-    ScoreTuning(max_chunks=64, select_chunks=64, coarse_pick=False, word_nibbles=False, coef_vector=False),
     ScoreTuning(coarse_pick=False),  # every threshold pick scans all 8192 histogram counts
     ScoreTuning(select_chunks=16),
     ScoreTuning(word_nibbles=False),  # int4 codes decoded per byte
     ScoreTuning(coef_vector=False),  # one load per coefficient
-    ScoreTuning(warps=8),  # the default of session 1
-    # No 2-warp or < 128-register variants: sm_90 compiles of them spill (aot.py; 848 B at 2 x 128).
-    ScoreTuning(maxnreg=None),
-    ScoreTuning(stages=2),
     ScoreTuning(mantissa_nibbles=False, word_nibbles=False),  # int-to-float conversion of the codes
-    ScoreTuning(tile=32),
+    # Earlier defaults and the launch shapes they beat: docs/results/score-sweep-h200*.md (sessions 1-6).
 )
 
 
@@ -135,9 +125,11 @@ def selection_problems(selected: torch.Tensor, keys: torch.Tensor, seq_len: int,
 
 
 def _nibble_path(tuning: dict) -> str:
-    """How the tile is decoded: int4 codes (words / mantissa bytes / int-to-float), then '+vec' for vector coefficient loads."""
+    """How the tile is decoded and contracted: int4 codes (words, '+pairs' side by side in K / mantissa
+    bytes / int-to-float), '+vec' for vector coefficient loads, '+mma' for the tensor-core contraction."""
     codes = "words" if tuning.get("word_nibbles") else "mantissa" if tuning["mantissa_nibbles"] else "i2f"
-    return codes + ("+vec" if tuning.get("coef_vector") else "")
+    return (codes + ("+pairs" if tuning.get("word_pairs") and tuning.get("word_nibbles") else "")
+            + ("+vec" if tuning.get("coef_vector") else "") + ("+mma" if tuning.get("coef_mma") else ""))
 
 
 def _select_path(tuning: dict) -> str:

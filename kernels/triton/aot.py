@@ -67,7 +67,8 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
          dict(G=group, G_DOT=g_dot, GS=gs, MAXC=_ss.MAX_CHUNKS, D=head_dim, D_PAD=head_dim, B=PAGE_SIZE, R=rc.rank,
               BITS=rc.basis_bits, COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
               P=_ss.P_TILE, RP=next_pow2(rc.rank), FP32=rc.basis_bits == 16, STAGES=1, MANTISSA=True,
-              WORDS=_ss.DEFAULT_TUNING.word_nibbles, COEF_VEC=_ss.DEFAULT_TUNING.coef_vector),
+              WORDS=_ss.DEFAULT_TUNING.word_nibbles, COEF_VEC=_ss.DEFAULT_TUNING.coef_vector,
+              COEF_MMA=_ss.DEFAULT_TUNING.coef_mma, PAIRS=_ss.DEFAULT_TUNING.word_pairs),
          (_ss.SCORE_WARPS, _ss.SCORE_MAXNREG)),
         (_topk._keys_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "keys_ptr": "*i32",
                               "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},
@@ -103,17 +104,15 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
 
 def _variants(**geometry) -> list[tuple[str, tuple]]:
     """(name, spec): every production kernel, plus the score kernel's byte path (the default before
-    2026-11-29 s4: int4 codes decoded per byte, one load per coefficient) and three kernels with
-    programmatic dependent launch (`[pdl]`)."""
+    2026-11-29 s4: int4 codes decoded per byte, one load per coefficient), its FMA coefficient
+    contraction (the default before 2026-11-30 s6) and three kernels with programmatic dependent launch (`[pdl]`)."""
     specs = _specs(**geometry)
     named = [(spec[0].__name__, spec) for spec in specs]
     fn, pointers, constexprs, warps = next(spec for spec in specs if spec[0] is _ss._score_kernel)
     with_pdl = [(f"{name}[pdl]", (spec[0], spec[1], {**spec[2], "PDL": True}, spec[3])) for name, spec in named
                 if name in ("_score_kernel", "_keys_kernel", "_sparse_decode_kernel")]
     return named + with_pdl + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps)),
-                               ("_score_kernel[coef_mma]", (fn, pointers, {**constexprs, "COEF_MMA": True}, warps)),
-                               ("_score_kernel[pairs]", (fn, pointers, {**constexprs, "PAIRS": True}, warps)),
-                               ("_score_kernel[pairs+mma]", (fn, pointers, {**constexprs, "PAIRS": True, "COEF_MMA": True}, warps))]
+                               ("_score_kernel[fma]", (fn, pointers, {**constexprs, "COEF_MMA": False}, warps))]
 
 
 def compile_kernel(fn, pointer_types: dict, constexprs: dict, warps, target: GPUTarget = SM90):
@@ -140,32 +139,32 @@ def _cuobjdump(kernel, flag: str) -> str:
         return subprocess.run([tool, flag, cubin.name], capture_output=True, text=True, check=True).stdout
 
 
-def loop_profile(sass: str) -> tuple[int, int, int]:
-    """(instructions, local-memory spill accesses, global loads) in the body of the kernel's largest loop,
-    per thread per iteration: its issue budget and how many memory requests each iteration waits on."""
+def loop_profile(sass: str) -> tuple[int, int, int, int]:
+    """(instructions, local-memory spill accesses, global loads, tensor-core mma) in the body of the kernel's
+    largest loop, per thread per iteration: its issue budget and how many memory requests each iteration waits on."""
     lines = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = [(int(t[1], 16), addr) for addr, text in lines
              if (t := re.search(r"\bBRA\b[^`]*?0x([0-9a-f]+)", text)) and int(t[1], 16) < addr]
     if not loops:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     first, last = max(loops, key=lambda span: span[1] - span[0])
     body = [text for addr, text in lines if first <= addr <= last]
     return (len(body), sum(bool(re.search(r"\b(STL|LDL)", text)) for text in body),
-            sum(bool(re.search(r"\bLDG", text)) for text in body))
+            sum(bool(re.search(r"\bLDG", text)) for text in body), sum(bool(re.search(r"\bHMMA", text)) for text in body))
 
 
 def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int]]:
     """Compile each kernel for `target`; returns {kernel: {"registers", "stack_bytes", "shared_bytes",
-    "loop_instructions", "loop_spill_accesses", "loop_global_loads", "griddepcontrol"}}."""
+    "loop_instructions", "loop_spill_accesses", "loop_global_loads", "loop_mma", "griddepcontrol"}}."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET to compile for the GPU (the interpreter replaces @triton.jit)")
     usage = {}
     for name, (fn, pointer_types, constexprs, warps) in _variants(**geometry):
         kernel = compile_kernel(fn, pointer_types, constexprs, warps, target)
         found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", _cuobjdump(kernel, "--dump-resource-usage"))
-        instructions, spills, loads = loop_profile(_cuobjdump(kernel, "-sass"))
+        instructions, spills, loads, mma = loop_profile(_cuobjdump(kernel, "-sass"))
         usage[name] = {"registers": int(found[1]), "stack_bytes": int(found[2]), "shared_bytes": kernel.metadata.shared,
-                       "loop_instructions": instructions, "loop_spill_accesses": spills, "loop_global_loads": loads,
+                       "loop_instructions": instructions, "loop_spill_accesses": spills, "loop_global_loads": loads, "loop_mma": mma,
                        "griddepcontrol": kernel.asm["ptx"].count("griddepcontrol.")}
     return usage
 

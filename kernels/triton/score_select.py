@@ -6,8 +6,8 @@ page before the recent one).
 `_score_kernel`, grid (S * Hkv, num_chunks): each program streams a contiguous range of tiles of
 P_TILE pages of one (sequence, KV head). A tile's rows are read ONCE for all G query heads: centroid
 and basis columns go through tl.dot (int values are exact in bf16/fp16, so the tensor cores see
-exact products; scales are applied after the product in fp32), the coefficient contraction is a
-small fp32 dot. It writes the per-head LSE scores s[g, j] (fp32 scratch) and an online (max,
+exact products; scales are applied after the product in fp32), and so does the coefficient
+contraction (`_coef_mma`: V^T q as three bf16 terms; an fp32 FMA dot where that does not apply). It writes the per-head LSE scores s[g, j] (fp32 scratch) and an online (max,
 sum-exp) per head and chunk, so the softmax normalizer needs no second pass over the summaries.
 Loop bounds come from seq_lens on the device: work tracks the live pages. Bytes: row_bytes per
 scored page (832 for r8i4, d=128) + 4*G written.
@@ -34,15 +34,19 @@ from ._common import enter_dependent, mm
 # wavefronts. What helped, measured (harness/score_sweep.py): filling every program slot (64 -> 128
 # chunks: 57.2 -> 46.6 us), fewer and wider loads per tile (42.4 us). Launch tuning beyond that is
 # exhausted: 8 warps, uncapped registers, software pipelining and int-to-float decode were all slower.
-P_TILE = 16  # pages per tile: the N of every tl.dot
+# Session 6 (H200, 2026-11-30, bs1, `score-sweep-h200-s6.md`): one warp per program over 4-page tiles
+# (no barriers across warps; 16 programs per SM, each hiding its own latency) took 37.8 us at 128K against
+# 42.2 for 4 warps x 16 pages; with the coefficient contraction on the tensor cores (`_coef_mma`) 29.3
+# (10.0 against 12.8 at 32K). With 4 warps the same contraction gained only 1.5 us.
+P_TILE = 4  # pages per tile (the dots' M is P * next_pow2(r))
 MAX_CHUNKS = 512  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
-SCORE_CHUNKS = 128  # the default cap: every program slot of a bs1 launch of 4-warp programs (4 KV heads)
+SCORE_CHUNKS = 512  # the default cap: every program slot of a bs1 launch of one-warp programs (4 KV heads: 528)
 # Selection chunks per pair at most (topk.py kernels 2-5). Its last pass is O(chunks + k): on the H200
 # (2026-11-29, 128K bs1, coarse picks) selection took 21.9 us over 32 chunks, 23.4 over 64 and 28.6 over
 # 128, so it stays at 32 while the score grid fills every program slot.
 SELECT_CHUNKS = 32
-SCORE_WARPS = 4
-SCORE_MAXNREG = 128  # r8i4, G=8, d=128: no spill at 4 warps (aot.py); 96 spills, uncapped is 1 program/SM
+SCORE_WARPS = 1
+SCORE_MAXNREG = 128  # r8i4, G=8, d=128: no spill at 1 warp x 4 pages (108 used with the tensor-core contraction; aot.py)
 # Programs do equal work, so the launch fills at most one wave (2.06 waves take 3 waves' time, one
 # wave of twice the pages takes 2): the grid is floor(slots / pairs) chunks per pair, slots =
 # programs resident per SM (64K registers / (maxnreg x threads)) x SMs.
@@ -69,8 +73,9 @@ class ScoreTuning:
     coef_vector: bool = True
     # True: the coefficient contraction runs on the tensor cores (`_coef_mma`: one batched dot per tile,
     # V^T q split into three bf16 terms that carry fp32's 24 bits) instead of the fp32 FMA dot with K
-    # padded from r to 16, whose operands go through shared memory. Needs r >= 4 (K = 4 * next_pow2(r)).
-    coef_mma: bool = False
+    # padded from r to 16, whose operands go through shared memory. Used where r >= 4 (K = 4 * next_pow2(r))
+    # and, on bf16/fp16 dots, G >= 8 (N < 8 is not an mma shape: the GPU check battery failed there).
+    coef_mma: bool = True
     # True (word path only): both codes a word decode yields side by side in K (`_word_pairs`, four dots
     # of K = d/4), so each decoded bf16 pair is one dot operand register instead of two half registers.
     word_pairs: bool = False
