@@ -9,6 +9,7 @@ import triton.language as tl
 from locks_toolkit.kernels.reference.testing import fresh_seed
 from locks_toolkit.kernels.triton.checks import (
     MANY_PAGES_CASE,
+    SCORER_VARIANTS,
     SELECT_CASES,
     SelectCase,
     available_devices,
@@ -119,6 +120,17 @@ def test_word_decode_path_matches_reference(device, case, q_dtype):
 def test_vector_coefficient_loads_match_reference(device, case):
     """The scorer's vector coefficient path (a ScoreTuning variant) on int4, int8 and fp16 formats, ranks 2-8."""
     result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(coef_vector=True))
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tuning", SCORER_VARIANTS, ids=lambda t: f"w{t.warps}-p{t.tile}" + ("-mma" if t.coef_mma else "-fma")
+                         + ("-pairs" if t.word_pairs else ""))
+@pytest.mark.parametrize("case", [SELECT_CASES[0], SELECT_CASES[1], SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.fmt}-n{sum(c.seq_lens)}")
+def test_scorer_variants_select_what_the_reference_selects(device, tuning, case):
+    """The scorer's non-default paths (FMA coefficient contraction, paired codes, the s4/s5 launch shape)
+    on int4 / int8 formats; the default (tensor-core contraction, one warp, 4-page tiles) runs in every other test."""
+    result = check_score_select(device, case, fresh_seed(), tuning=tuning)
     assert result.ok, str(result)
 
 

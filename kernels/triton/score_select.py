@@ -82,16 +82,17 @@ class ScoreTuning:
     # Selection after the score kernel (config.SELECT_PATHS): "four" (topk.py: keys, gather, resolve,
     # finalize), "one" (topk_one.py: keys per chunk, the pair's last program selects) or "row" (keys,
     # then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
-    # took 11.2 / 17.8 µs at 32K / 128K against 19.1 / 19.7, yet the vLLM pair ran no faster with it
-    # (`score-sweep-h200-s5.md`): "four" stays the default until an engine run says otherwise (the
-    # bench's `locks-one` arm runs "one" beside it).
+    # took 11.2 / 17.8 µs at 32K / 128K against 19.1 / 19.7 (`score-sweep-h200-s5.md`); in the vLLM pair
+    # (session 6, `bench-decode-glm4-40L-fa3-locks-async-h200-s6.md`) it saved 0.26 ms per step at 32K
+    # and cost 0.95 ms at 128K, so "four" stays the default (the bench's `locks-one` arm runs "one").
     select_path: str = "four"
     # The one-launch path's last program: True holds the contested keys in registers when they fit
     # (topk_one.REG_LARGE * 9/8 pages); False always streams them from memory (what longer contexts do).
     register_select: bool = True
     select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.SELECT_WARPS
     # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):
-    # each kernel's programs are scheduled while the previous one finishes. Untimed on the H200.
+    # each kernel's programs are scheduled while the previous one finishes. In the vLLM pair (H200,
+    # session 6) within 1% at 32K and no gain at 128K, so off.
     pdl: bool = False
     # Chunks per (sequence, KV head) at most. At 64 a bs1 launch (4 KV heads) filled 256 of the 528
     # program slots; ncu on the H200 (2026-11-29, 128K bs1) saw 0.5 waves, 1.9 active warps per
