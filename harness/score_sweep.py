@@ -36,19 +36,19 @@ VARIANTS = (
     # threshold picks, 32-bit-word int4 decode, one vector load per token's coefficients (s4); selection
     # in four launches (topk.py)
     DEFAULT_TUNING,
+    # selection in one launch (topk_one.py; s5): keys in registers sized per call, or passes over memory
+    # (contexts > 147K tokens), or over 64 chunks. In the vLLM pair of s6: -0.26 ms per step at 32K,
+    # +0.95 ms at 128K, against ~-2 µs per layer alone at 128K in s5 (the [8192] + [1024] size never timed alone)
+    ScoreTuning(select_path="one"),
+    ScoreTuning(select_path="one", register_select=False),
+    ScoreTuning(select_path="one", select_chunks=64),
     # the s4/s5 default: 4 warps x 16 pages, 128 chunks, FMA coefficient contraction
     ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False),
     ScoreTuning(coef_mma=False),  # one warp, FMA contraction (s6: 37.8 us at 128K)
     ScoreTuning(maxnreg=112),  # 18 programs per SM (the kernel uses 108 registers)
-    ScoreTuning(word_pairs=True),
     ScoreTuning(tile=8, maxnreg=168),  # no spills at 160 registers; 12 programs per SM
     ScoreTuning(warps=2, tile=8, max_chunks=256),
     ScoreTuning(stages=2, coef_mma=False),  # s6: 40.4 us at 128K (38.2 with paired codes)
-    # selection in one launch (topk_one.py; s5): keys in registers sized per call, or passes over memory
-    # (contexts > 147K tokens), or over 64 chunks
-    ScoreTuning(select_path="one"),
-    ScoreTuning(select_path="one", register_select=False),
-    ScoreTuning(select_path="one", select_chunks=64),
     # selection in 2 launches (row path; H200 s4: 19.0 vs 21.3 us at 32K bs1, 46.5 vs 21.9 at 128K:
     # one program streams all keys twice)
     ScoreTuning(select_path="row"),
@@ -125,8 +125,9 @@ def selection_problems(selected: torch.Tensor, keys: torch.Tensor, seq_len: int,
 
 
 def _nibble_path(tuning: dict) -> str:
-    """How the tile is decoded and contracted: int4 codes (words, '+pairs' side by side in K / mantissa
-    bytes / int-to-float), '+vec' for vector coefficient loads, '+mma' for the tensor-core contraction."""
+    """How the tile is decoded and contracted: int4 codes (words, '+pairs' side by side in K (a s6 sweep
+    variant, removed) / mantissa bytes / int-to-float), '+vec' for vector coefficient loads, '+mma' for
+    the tensor-core contraction."""
     codes = "words" if tuning.get("word_nibbles") else "mantissa" if tuning["mantissa_nibbles"] else "i2f"
     return (codes + ("+pairs" if tuning.get("word_pairs") and tuning.get("word_nibbles") else "")
             + ("+vec" if tuning.get("coef_vector") else "") + ("+mma" if tuning.get("coef_mma") else ""))

@@ -68,7 +68,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
               BITS=rc.basis_bits, COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
               P=_ss.P_TILE, RP=next_pow2(rc.rank), FP32=rc.basis_bits == 16, STAGES=1, MANTISSA=True,
               WORDS=_ss.DEFAULT_TUNING.word_nibbles, COEF_VEC=_ss.DEFAULT_TUNING.coef_vector,
-              COEF_MMA=_ss.DEFAULT_TUNING.coef_mma, PAIRS=_ss.DEFAULT_TUNING.word_pairs),
+              COEF_MMA=_ss.DEFAULT_TUNING.coef_mma),
          (_ss.SCORE_WARPS, _ss.SCORE_MAXNREG)),
         (_topk._keys_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "keys_ptr": "*i32",
                               "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},

@@ -316,9 +316,8 @@ def gpu_smoke_checks(device: str, seed: int) -> list[CheckResult]:
 
 
 # The scorer's non-default paths (the default runs in every other check): the FMA coefficient
-# contraction, codes paired in K, and the s4/s5 launch shape (4 warps x 16 pages).
-SCORER_VARIANTS = (ScoreTuning(coef_mma=False), ScoreTuning(word_pairs=True),
-                   ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False))
+# contraction, and the s4/s5 launch shape (4 warps x 16 pages).
+SCORER_VARIANTS = (ScoreTuning(coef_mma=False), ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False))
 
 
 def full_battery(device: str, seed: int) -> list[CheckResult]:

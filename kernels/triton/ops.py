@@ -208,8 +208,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
         COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
         P=tuning.tile, RP=next_pow2(rc.rank), FP32=(fp32 := dot_in_fp32(q) or rc.basis_bits == 16), STAGES=tuning.stages,
         MANTISSA=tuning.mantissa_nibbles,
-        WORDS=(words := tuning.word_nibbles and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset)),
-        PAIRS=words and tuning.word_pairs,
+        WORDS=tuning.word_nibbles and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset),
         COEF_VEC=tuning.coef_vector, COEF_MMA=tuning.coef_mma and rc.rank >= 4 and (fp32 or group >= 8), PDL=tuning.pdl, launch_pdl=tuning.pdl,
         num_warps=tuning.warps, maxnreg=tuning.maxnreg,
     )

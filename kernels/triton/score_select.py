@@ -76,9 +76,6 @@ class ScoreTuning:
     # padded from r to 16, whose operands go through shared memory. Used where r >= 4 (K = 4 * next_pow2(r))
     # and, on bf16/fp16 dots, G >= 8 (N < 8 is not an mma shape: the GPU check battery failed there).
     coef_mma: bool = True
-    # True (word path only): both codes a word decode yields side by side in K (`_word_pairs`, four dots
-    # of K = d/4), so each decoded bf16 pair is one dot operand register instead of two half registers.
-    word_pairs: bool = False
     # Selection after the score kernel (config.SELECT_PATHS): "four" (topk.py: keys, gather, resolve,
     # finalize), "one" (topk_one.py: keys per chunk, the pair's last program selects) or "row" (keys,
     # then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
@@ -243,22 +240,6 @@ def _coef_mma(coef, vq, P: tl.constexpr, B: tl.constexpr, RP: tl.constexpr, G_DO
 
 
 @triton.jit
-def _q_pairs(q_cols, SH: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.constexpr):
-    """q^T rows [D/4, G_DOT] in the K order of `_word_pairs` for nibble SH: k = 2j + half is dim 8j + SH
-    (half 0) or 8j + 4 + SH (half 1)."""
-    k = tl.arange(0, D_PAD // 4)
-    return tl.load(q_cols + (8 * (k // 2) + 4 * (k % 2) + SH)[:, None], mask=gm[None, :], other=0.0).to(DOT_T)
-
-
-@triton.jit
-def _word_pairs(words, SHIFT: tl.constexpr, DOT_T: tl.constexpr, M: tl.constexpr, KW: tl.constexpr):
-    """[M, KW] words -> [M, 2 KW] codes: both codes of `_word_codes` for SHIFT side by side (k = 2j + half),
-    so each bf16 pair of the decode is one dot operand register."""
-    lo, hi = _word_codes(words, SHIFT, DOT_T)
-    return tl.reshape(tl.join(lo, hi), [M, 2 * KW])
-
-
-@triton.jit
 def _q_part(q_cols, OFF: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.constexpr):
     """q^T rows 8j + OFF (j < D/8) [D/8, G_DOT]: the dims `_word_codes` yields for one SHIFT and half
     (the word path runs only where D = D_PAD, `word_decode_fits`)."""
@@ -276,7 +257,7 @@ def _score_kernel(
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, STAGES: tl.constexpr = 1, MANTISSA: tl.constexpr = True,
     WORDS: tl.constexpr = False, COEF_VEC: tl.constexpr = False, PDL: tl.constexpr = False,
-    COEF_MMA: tl.constexpr = False, PAIRS: tl.constexpr = False,
+    COEF_MMA: tl.constexpr = False,
 ):
     enter_dependent(PDL)
     pair = tl.program_id(0)
@@ -314,10 +295,6 @@ def _score_kernel(
     q_w6 = _q_part(q_cols, 6, D_PAD, gm, DOT_T)
     q_w3 = _q_part(q_cols, 3, D_PAD, gm, DOT_T)
     q_w7 = _q_part(q_cols, 7, D_PAD, gm, DOT_T)
-    q_p0 = _q_pairs(q_cols, 0, D_PAD, gm, DOT_T)
-    q_p1 = _q_pairs(q_cols, 1, D_PAD, gm, DOT_T)
-    q_p2 = _q_pairs(q_cols, 2, D_PAD, gm, DOT_T)
-    q_p3 = _q_pairs(q_cols, 3, D_PAD, gm, DOT_T)
     jw = tl.arange(0, D_PAD // 8)
     rows_i32 = rows_u8.to(tl.pointer_type(tl.int32))
     tok = tl.arange(0, B)
@@ -397,14 +374,7 @@ def _score_kernel(
             mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
             q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
             if BITS == 4:
-                if PAIRS:
-                    M_ROWS: tl.constexpr = P * RP
-                    KW: tl.constexpr = D_PAD // 8
-                    vq = _mma(_word_pairs(words, 0, DOT_T, M_ROWS, KW), q_p0, tl.zeros([P * RP, G_DOT], tl.float32), FP32)
-                    vq = _mma(_word_pairs(words, 4, DOT_T, M_ROWS, KW), q_p1, vq, FP32)
-                    vq = _mma(_word_pairs(words, 8, DOT_T, M_ROWS, KW), q_p2, vq, FP32)
-                    vq = _mma(_word_pairs(words, 12, DOT_T, M_ROWS, KW), q_p3, vq, FP32)
-                elif WORDS:  # the eight K = d/8 products accumulate in the dot (no separate adds)
+                if WORDS:  # the eight K = d/8 products accumulate in the dot (no separate adds)
                     lo, hi = _word_codes(words, 0, DOT_T)
                     vq = _mma(hi, q_w4, _mma(lo, q_w0, tl.zeros([P * RP, G_DOT], tl.float32), FP32), FP32)
                     lo, hi = _word_codes(words, 4, DOT_T)
