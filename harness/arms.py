@@ -159,6 +159,16 @@ register_arm(
 )
 register_arm(
     Arm(
+        "locks-three",
+        "CUSTOM",
+        sparse=True,
+        description="Locks with the three-launch selection (select='three': the last resolve program finalizes)",
+        counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
+        additional_config=_locks_variant(select="three"),
+    )
+)
+register_arm(
+    Arm(
         "locks-pdl",
         "CUSTOM",
         sparse=True,

@@ -41,6 +41,7 @@ VARIANTS = (
     # +0.95 ms at 128K, against ~-2 µs per layer alone at 128K in s5 (the [8192] + [1024] size never timed alone)
     ScoreTuning(select_path="one"),
     ScoreTuning(select_path="one", register_select=False),
+    ScoreTuning(select_path="three"),  # four launches' kernels, the last resolve program finalizes (s6, untimed)
     ScoreTuning(select_path="one", select_chunks=64),
     # the s4/s5 default: 4 warps x 16 pages, 128 chunks, FMA coefficient contraction
     ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False),

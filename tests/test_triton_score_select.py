@@ -152,11 +152,12 @@ def _case_id(c: SelectCase) -> str:
 @pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-{c.combine}-k{c.page_budget}"
                          + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
                          + f"-n{sum(c.seq_lens)}")
-@pytest.mark.parametrize("path", ["one", "row"])
+@pytest.mark.parametrize("path", ["three", "one", "row"])
 def test_other_select_paths_match_reference(device, case, path):
-    """Selection in one launch (the pair's last program selects, production register sizes) and in two
-    (keys + one program per pair) against the reference, on every select case: ties to the lower ids,
-    near-flat pages, dense fallback, a crowded threshold bin. (Four launches: the default, above.)"""
+    """Selection in three launches (the last resolve program of a pair finalizes it), in one (the pair's
+    last program selects, production register sizes) and in two (keys + one program per pair) against
+    the reference, on every select case: ties to the lower ids, near-flat pages, dense fallback, a
+    crowded threshold bin. (Four launches: the default, above.)"""
     result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path=path))
     assert result.ok, str(result)
 
@@ -192,7 +193,7 @@ def test_one_launch_select_register_sizes_match_reference(device, case, monkeypa
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", [MANY_PAGES_CASE, SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.combine}-n{sum(c.seq_lens)}")
 @pytest.mark.parametrize("coarse_pick", [True, False])
-@pytest.mark.parametrize("path", ["one", "four"])
+@pytest.mark.parametrize("path", ["one", "four", "three"])
 def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case, coarse_pick, path):
     """The score grid's chunk normalizers are merged in full when the selection runs over fewer chunks
     (the production default at bs1 on the H200: 128 score chunks, 64 selection chunks); both threshold
@@ -223,7 +224,7 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     picks = []
     for tuning in (ScoreTuning(select_path="row"), ScoreTuning(), ScoreTuning(select_path="one"),
-                   ScoreTuning(select_path="one", register_select=False),
+                   ScoreTuning(select_path="three"), ScoreTuning(select_path="one", register_select=False),
                    ScoreTuning(select_path="row", coarse_pick=False), ScoreTuning(select_path="one", coarse_pick=False),
                    ScoreTuning(coarse_pick=False), ScoreTuning()):
         selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
@@ -231,11 +232,12 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
         picks.append(selected.cpu())
     assert all(torch.equal(p, picks[0]) for p in picks[1:]), picks
     assert int(ws.hist.abs().sum()) == 0 and int(ws.low_hist.abs().sum()) == 0
-    assert int(ws.counts[:, ws.counts.shape[1] // 2].abs().sum()) == 0  # the slot / arrival counters
+    slot_counter = ws.counts.shape[1] // 2 - 1  # counts [R, 2C + 2]: [:, C] slot counter, [:, 2C + 1] arrivals
+    assert int(ws.counts[:, slot_counter].abs().sum()) == 0 and int(ws.counts[:, -1].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", ["one", "one-memory", "four", "row"])
+@pytest.mark.parametrize("path", ["one", "one-memory", "four", "three", "row"])
 def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path):
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the

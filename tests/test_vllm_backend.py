@@ -113,7 +113,7 @@ def test_settings_parse_every_key():
         ({"combine": "mean"}, "combine rule 'mean' unknown"),
         ({"scorer": "moment"}, "not served by the vLLM backend"),
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
-        ({"select": "two"}, "select 'two' unknown; use one of four, one, row"),
+        ({"select": "two"}, "select 'two' unknown; use one of four, three, one, row"),
         ({"pdl": "yes"}, "pdl must be true or false"),
         ([1, 2], "must be a dict"),
     ],

@@ -105,13 +105,18 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
 def _variants(**geometry) -> list[tuple[str, tuple]]:
     """(name, spec): every production kernel, plus the score kernel's byte path (the default before
     2026-11-29 s4: int4 codes decoded per byte, one load per coefficient), its FMA coefficient
-    contraction (the default before 2026-11-30 s6) and three kernels with programmatic dependent launch (`[pdl]`)."""
+    contraction (the default before 2026-11-30 s6), three kernels with programmatic dependent launch (`[pdl]`)
+    and the resolve kernel that finalizes (the three-launch selection)."""
     specs = _specs(**geometry)
     named = [(spec[0].__name__, spec) for spec in specs]
     fn, pointers, constexprs, warps = next(spec for spec in specs if spec[0] is _ss._score_kernel)
     with_pdl = [(f"{name}[pdl]", (spec[0], spec[1], {**spec[2], "PDL": True}, spec[3])) for name, spec in named
                 if name in ("_score_kernel", "_keys_kernel", "_sparse_decode_kernel")]
-    return named + with_pdl + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps)),
+    resolve = next(spec for spec in specs if spec[0] is _topk._resolve_kernel)
+    page_budget = geometry.get("page_budget", 128)
+    final = [("_resolve_kernel[final]", (resolve[0], resolve[1], {**resolve[2], "FINAL": True, "K_PAD": next_pow2(page_budget),
+                                                                  "CHUNKS_PAD": next_pow2(_ss.DEFAULT_TUNING.select_chunks)}, resolve[3]))]
+    return named + with_pdl + final + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps)),
                                ("_score_kernel[fma]", (fn, pointers, {**constexprs, "COEF_MMA": False}, warps))]
 
 

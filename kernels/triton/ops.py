@@ -146,7 +146,7 @@ def score_select_workspace(
         low_hist=torch.zeros((pairs, 1 << _sel.LOW_BITS), dtype=torch.int32, device=device),  # kept zero between calls
         cand_low=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
         cand_page=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
-        counts=torch.zeros((pairs, 2 * _ss.MAX_CHUNKS + 1), dtype=torch.int32, device=device),  # [:, C] kept zero
+        counts=torch.zeros((pairs, 2 * _ss.MAX_CHUNKS + 2), dtype=torch.int32, device=device),  # [:, C], [:, 2C+1] kept zero
     )
 
 
@@ -252,13 +252,20 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
         ws.keys, ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
         BLOCK=_sel.KEYS_BLOCK, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common, **pick,
     )
+    final = dict(K_PAD=next_pow2(page_budget), CHUNKS_PAD=next_pow2(chunks))
+    if tuning.select_path == "three":  # the last resolve program of each pair finalizes it
+        _sel._resolve_kernel[(pairs, chunks)](
+            ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
+            BLOCK=_sel.KEYS_BLOCK, FINAL=True, num_warps=_sel.KEYS_WARPS, **final, **common, **pick,
+        )
+        return
     _sel._resolve_kernel[(pairs, chunks)](
         ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
         BLOCK=_sel.KEYS_BLOCK, num_warps=_sel.KEYS_WARPS, **common, **pick,
     )
     _sel._finalize_kernel[(pairs,)](
         ws.hist, ws.low_hist, ws.counts, ws.cand_page, seq_lens, selected_pages, *sizes,
-        K_PAD=next_pow2(page_budget), CHUNKS_PAD=next_pow2(chunks), num_warps=_sel.FINAL_WARPS, **common, **pick,
+        num_warps=_sel.FINAL_WARPS, **final, **common, **pick,
     )
 
 

@@ -127,9 +127,10 @@ def word_decode_fits(basis_bits: int, head_dim: int, row_bytes: int, basis_offse
 class ScoreSelectWorkspace:
     """Scratch of score_select (R = max_num_seqs * num_kv_heads, GS = next_pow2(G), C = MAX_CHUNKS):
     scores [R, maxP, GS] fp32, chunk_max/chunk_sum [R, C, GS] fp32, keys/cand_low/cand_page [R, maxP]
-    int32, hist [R, 8192 + 64] (fine counts, then coarse ones; topk.py) and low_hist [R, 1024] int32 and counts [R, 2C + 1] int32 (the histograms
-    and counts[:, C] must start zeroed; every call leaves them zeroed. counts[:, :C] candidates and
-    counts[:, C+1:] ties per chunk are rewritten by every call; counts[:, C] is the output slot counter)."""
+    int32, hist [R, 8192 + 64] (fine counts, then coarse ones; topk.py) and low_hist [R, 1024] int32 and counts [R, 2C + 2] int32 (the histograms,
+    counts[:, C] and counts[:, 2C+1] must start zeroed; every call leaves them zeroed. counts[:, :C] candidates and
+    counts[:, C+1:2C+1] ties per chunk are rewritten by every call; counts[:, C] is the output slot counter
+    (and topk_one's arrival counter), counts[:, 2C+1] the three-launch path's arrival counter)."""
 
     scores: torch.Tensor
     chunk_max: torch.Tensor

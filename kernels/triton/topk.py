@@ -27,6 +27,9 @@ took 473 us per layer at 128K on the H200 against 31 us on random queries.)
 Histogram atomics are pre-aggregated per block when the block's digits span < 64 bins (a flat
 distribution would otherwise send every lane's atomic to one address).
 
+Three-launch path (`ScoreTuning.select_path="three"`): step 5 runs in the pair's last resolve program to
+arrive (`_resolve_kernel` with FINAL; the arrival protocol of topk_one.py), one graph node fewer.
+
 Row path (`ScoreTuning.select_path="row"`, two launches instead of four): after `_keys_kernel`,
 `_row_select_kernel` runs one program per (sequence, KV head): threshold bin b1 from the pair's
 histogram, a pass over the keys for the low-bit histogram of bin b1 (in registers), then one pass in
@@ -209,7 +212,7 @@ def _gather_kernel(
         first, last = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages
         out_row = out_ptr + pair.to(tl.int64) * K
-        count_row = counts_ptr + pair * (2 * MAXC + 1)
+        count_row = counts_ptr + pair * (2 * MAXC + 2)
         n_cand = 0
         for start in range(first, last, BLOCK):
             page = start + tl.arange(0, BLOCK)
@@ -237,17 +240,24 @@ def _resolve_kernel(
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
     COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
+    FINAL: tl.constexpr = False, K_PAD: tl.constexpr = 128, CHUNKS_PAD: tl.constexpr = 128,
 ):
-    """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list."""
+    """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list.
+
+    FINAL (the three-launch path): the pair's last program to arrive then finalizes (`_finalize_pair`,
+    what `_finalize_kernel` does in a launch of its own; the arrival protocol is topk_one.py's), and
+    chunk 0 writes the dense fallback row."""
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
+    if FINAL and num_pages <= K and chunk == 0:
+        _dense_row(out_ptr + pair.to(tl.int64) * K, num_pages, K, K_PAD)
     if num_pages > K:
         _, need = _pick_top_bin(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
         b2, _ = _pick_bin(tl.load(low_hist_ptr + pair * (1 << LOW_BITS) + tl.arange(0, 1 << LOW_BITS)), need, 1 << LOW_BITS)
         first, _ = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages + first
         out_row = out_ptr + pair.to(tl.int64) * K
-        count_row = counts_ptr + pair * (2 * MAXC + 1)
+        count_row = counts_ptr + pair * (2 * MAXC + 2)
         n_cand = tl.load(count_row + chunk)
         n_tie = 0
         for start in range(0, n_cand, BLOCK):
@@ -266,6 +276,13 @@ def _resolve_kernel(
             tl.store(cand_page_ptr + row + n_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1, page, mask=tie)
             n_tie += tl.sum(tie.to(tl.int32), axis=0)
         tl.store(count_row + MAXC + 1 + chunk, n_tie)
+        if FINAL:
+            tl.debug_barrier()  # every thread's outputs, ties and counts are issued before the arrival
+            arrival = count_row + 2 * MAXC + 1
+            if tl.atomic_add(arrival, 1, sem="acq_rel") == num_chunks - 1:
+                _finalize_pair(hist_ptr, low_hist_ptr, count_row, cand_page_ptr, pair, num_pages, out_ptr + pair.to(tl.int64) * K,
+                               max_pages, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK, CHUNKS_PAD)
+                tl.store(arrival, 0)
 
 
 @triton.jit
@@ -323,31 +340,43 @@ def _finalize_kernel(
 ):
     """The first `need` ties in page order + sink + recent, ascending; resets the scratch for the next call."""
     enter_dependent(PDL)
-    pair, num_pages, out_row, slot, sparse = _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B, K_PAD)
+    pair, num_pages, out_row, _, sparse = _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B, K_PAD)
     if sparse:
-        _, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
-        low_hist = _take_histogram(low_hist_ptr + pair * (1 << LOW_BITS), 1 << LOW_BITS)
-        _, need = _pick_bin(low_hist, need, 1 << LOW_BITS)
-        count_row = counts_ptr + pair * (2 * MAXC + 1)
-        n_above = tl.load(count_row + MAXC)
-        tl.store(count_row + MAXC, 0)  # the slot counter starts at zero on the next call
-        ch = tl.arange(0, CHUNKS_PAD)
-        ties = tl.load(count_row + MAXC + 1 + ch, mask=ch < num_chunks, other=0)
-        tie_end = tl.cumsum(ties, axis=0)  # inclusive: ties in chunks 0..c
-        # Slot j < need takes tie number j in chunk order: chunk c = #chunks whose ties end at or before j.
-        done = tie_end[None, :] <= slot[:, None]  # [K_PAD, CHUNKS_PAD]
-        c = tl.sum(done.to(tl.int32), axis=1)
-        c_start = tl.max(tl.where(done, tie_end[None, :], 0), axis=1)
-        chunk_first = _chunk_range(num_pages, c, num_chunks)[0]
-        take = slot < need
-        pos = chunk_first + slot - c_start
-        page = tl.load(cand_page_ptr + pair.to(tl.int64) * max_pages + pos, mask=take, other=0)
-        tl.store(out_row + 1 + n_above + slot, page, mask=take)
-        tl.store(out_row, 0)
-        tl.store(out_row + K - 1, num_pages - 1)  # the recent page
-        tl.debug_barrier()
-        row = tl.load(out_row + slot, mask=slot < K, other=2147483647)
-        tl.store(out_row + slot, tl.sort(row), mask=slot < K)
+        _finalize_pair(hist_ptr, low_hist_ptr, counts_ptr + pair * (2 * MAXC + 2), cand_page_ptr, pair, num_pages, out_row,
+                       max_pages, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK, CHUNKS_PAD)
+
+
+@triton.jit
+def _finalize_pair(
+    hist_ptr, low_hist_ptr, count_row, cand_page_ptr, pair, num_pages, out_row, max_pages, num_chunks, K,
+    MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr, COARSE_PICK: tl.constexpr,
+    CHUNKS_PAD: tl.constexpr,
+):
+    """One sparse pair's last step: the first `need` ties in page order + sink + recent, ascending; its
+    histograms and slot counter are left zeroed for the next call."""
+    slot = tl.arange(0, K_PAD)
+    _, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
+    low_hist = _take_histogram(low_hist_ptr + pair * (1 << LOW_BITS), 1 << LOW_BITS)
+    _, need = _pick_bin(low_hist, need, 1 << LOW_BITS)
+    n_above = tl.load(count_row + MAXC)
+    tl.store(count_row + MAXC, 0)  # the slot counter starts at zero on the next call
+    ch = tl.arange(0, CHUNKS_PAD)
+    ties = tl.load(count_row + MAXC + 1 + ch, mask=ch < num_chunks, other=0)
+    tie_end = tl.cumsum(ties, axis=0)  # inclusive: ties in chunks 0..c
+    # Slot j < need takes tie number j in chunk order: chunk c = #chunks whose ties end at or before j.
+    done = tie_end[None, :] <= slot[:, None]  # [K_PAD, CHUNKS_PAD]
+    c = tl.sum(done.to(tl.int32), axis=1)
+    c_start = tl.max(tl.where(done, tie_end[None, :], 0), axis=1)
+    chunk_first = _chunk_range(num_pages, c, num_chunks)[0]
+    take = slot < need
+    pos = chunk_first + slot - c_start
+    page = tl.load(cand_page_ptr + pair.to(tl.int64) * max_pages + pos, mask=take, other=0)
+    tl.store(out_row + 1 + n_above + slot, page, mask=take)
+    tl.store(out_row, 0)
+    tl.store(out_row + K - 1, num_pages - 1)  # the recent page
+    tl.debug_barrier()
+    row = tl.load(out_row + slot, mask=slot < K, other=2147483647)
+    tl.store(out_row + slot, tl.sort(row), mask=slot < K)
 
 
 @triton.jit

@@ -181,7 +181,7 @@ def _keys_select_kernel(
         _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
                     max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
         tl.debug_barrier()  # every thread's keys and counts are issued before the arrival
-        counter = counts_ptr + pair * (2 * MAXC + 1) + MAXC
+        counter = counts_ptr + pair * (2 * MAXC + 2) + MAXC
         if tl.atomic_add(counter, 1, sem="acq_rel") == num_chunks - 1:
             hist_row = hist_ptr + pair * (NBINS + _COARSE)
             b1, need_in = _pick_top_bin(hist_row, K - 2, NBINS, COARSE_PICK)

@@ -38,7 +38,7 @@ class BackendSettings:
     select: which Triton selection kernels follow the score kernel (config.SELECT_PATHS); the pages
     are the same on every path, only launches and time differ.
     pdl: the decode kernels use programmatic dependent launch (sm_90; each kernel's programs are
-    scheduled while the previous one finishes). Same results; off until an H200 pair says it pays.
+    scheduled while the previous one finishes). Same results; within 1% in the H200 pair of session 6, so off.
     debug_capture_layers: layer indices whose per-step decode inputs/outputs are kept for checks
     (eager only; see `debug.py`). Empty in production.
     """
