@@ -147,46 +147,25 @@ register_arm(
         additional_config=_locks_additional_config,
     )
 )
-register_arm(
-    Arm(
-        "locks-one",
-        "CUSTOM",
-        sparse=True,
-        description="Locks with the one-launch selection kernels (select='one'; the same pages, other launches)",
-        counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
-        additional_config=_locks_variant(select="one"),
-    )
+# Kernel variants of `locks`: the same pages through other launches, to be timed beside it in one run.
+_LOCKS_VARIANTS = (
+    ("locks-one", "the one-launch selection kernels (select='one')", {"select": "one"}),
+    ("locks-three", "the three-launch selection (select='three': the last resolve program finalizes)", {"select": "three"}),
+    ("locks-pdl", "programmatic dependent launch of its decode kernels (pdl=true)", {"pdl": True}),
+    ("locks-one-pdl", "one-launch selection and programmatic dependent launch (select='one', pdl=true)",
+     {"select": "one", "pdl": True}),
 )
-register_arm(
-    Arm(
-        "locks-three",
-        "CUSTOM",
-        sparse=True,
-        description="Locks with the three-launch selection (select='three': the last resolve program finalizes)",
-        counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
-        additional_config=_locks_variant(select="three"),
+for _name, _what, _settings in _LOCKS_VARIANTS:
+    register_arm(
+        Arm(
+            _name,
+            "CUSTOM",
+            sparse=True,
+            description=f"Locks with {_what}; the same pages, other launches",
+            counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
+            additional_config=_locks_variant(**_settings),
+        )
     )
-)
-register_arm(
-    Arm(
-        "locks-pdl",
-        "CUSTOM",
-        sparse=True,
-        description="Locks with programmatic dependent launch of its decode kernels (pdl=true; the same results)",
-        counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
-        additional_config=_locks_variant(pdl=True),
-    )
-)
-register_arm(
-    Arm(
-        "locks-one-pdl",
-        "CUSTOM",
-        sparse=True,
-        description="Locks with one-launch selection and programmatic dependent launch (select='one', pdl=true)",
-        counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
-        additional_config=_locks_variant(select="one", pdl=True),
-    )
-)
 register_arm(
     Arm(
         "locks-kv",

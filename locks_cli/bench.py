@@ -41,7 +41,7 @@ def _finished_table(records: list[dict]) -> Table:
 def decode(
     plan_file: Optional[Path] = typer.Argument(None, help="YAML plan (default: the packaged default plan)."),
     model: Optional[str] = typer.Option(None, help="Preset (glm-4-9b-chat-1m, llama-3.1-8b, qwen3-4b, tiny-llama) or model dir."),
-    arms: Optional[str] = typer.Option(None, help="Comma-separated arms: fa3, flashinfer, locks, locks-kv (peer), cpu, locks-cpu."),
+    arms: Optional[str] = typer.Option(None, help="Comma-separated arms: fa3, flashinfer, locks, locks-kv (peer), cpu, locks-cpu; Locks kernel variants locks-one, locks-three, locks-pdl, locks-one-pdl."),
     contexts: Optional[str] = typer.Option(None, help="Comma-separated contexts, e.g. 16k,32k,128k."),
     batch: Optional[str] = typer.Option(None, help="Comma-separated batch sizes, e.g. 1,4,16."),
     budget: Optional[str] = typer.Option(None, help="Comma-separated token budgets of sparse arms (multiples of 16)."),
