@@ -138,7 +138,8 @@ def _select_path(tuning: dict) -> str:
     chunks = f"≤ {tuning.get('select_chunks', 64)} chunks"
     # Records before session 5 carry row_select (True: the row path) instead of select_path.
     name = tuning.get("select_path") or ("row" if tuning.get("row_select") else "four")
-    path = {"row": "row (2 launches)", "four": f"4 launches, {chunks}", "one": f"1 launch, {chunks}"}[name]
+    path = {"row": "row (2 launches)", "four": f"4 launches, {chunks}", "three": f"3 launches, {chunks}",
+            "one": f"1 launch, {chunks}"}[name]
     return path + ("" if tuning.get("coarse_pick", False) else ", full-scan pick")
 
 

@@ -85,8 +85,9 @@ class SummaryFormat:
 
 
 # The Triton selection kernels after the score kernel (kernels/triton/score_select.ScoreTuning.select_path):
-# "four" launches (keys, gather, resolve, finalize), "one" (keys, then the pair's last program selects),
-# "row" (keys, then one program per pair). Every path selects the same pages.
+# "four" launches (keys, gather, resolve, finalize), "three" (the same, finalize in the pair's last resolve
+# program), "one" (keys, then the pair's last program selects), "row" (keys, then one program per pair).
+# Every path selects the same pages.
 SELECT_PATHS: tuple[str, ...] = ("four", "three", "one", "row")
 
 

@@ -53,7 +53,8 @@ def test_markdown_names_each_variants_selection_path():
                       row(ScoreTuning(select_path="row", word_nibbles=False)),
                       row(ScoreTuning(select_path="one", coef_mma=False)),
                       {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning()), "select_path": None, "row_select": True}},
-                      {**row(ScoreTuning(coef_vector=False)), "tuning": {**asdict(ScoreTuning(coef_vector=False)), "word_pairs": True}}])
+                      {**row(ScoreTuning(coef_vector=False)), "tuning": {**asdict(ScoreTuning(coef_vector=False)), "word_pairs": True}},
+                      row(ScoreTuning(select_path="three"))])
     body = table.splitlines()[2:]
     assert f"| words+vec+mma | 4 launches, ≤ {ScoreTuning().select_chunks} chunks |" in body[0]
     assert "| words+mma | 4 launches, ≤ 16 chunks, full-scan pick |" in body[1]
@@ -61,4 +62,5 @@ def test_markdown_names_each_variants_selection_path():
     assert f"| words+vec | 1 launch, ≤ {ScoreTuning().select_chunks} chunks |" in body[3]
     assert "| words+vec+mma | row (2 launches) |" in body[4]
     assert "| words+pairs+mma | 4 launches," in body[5]  # a s6 sweep record (word_pairs, since removed)
+    assert f"| words+vec+mma | 3 launches, ≤ {ScoreTuning().select_chunks} chunks |" in body[6]
     assert all("| 46.7 ± 0.2 | 20.0 | True (ok) |" in line for line in body)

@@ -218,7 +218,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
 def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget,
                    tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING) -> None:
     """The selection launches of score_select after the score kernel (`tuning.select_path`: one
-    launch, topk_one.py; four, or keys + row kernel, topk.py; arguments already checked), over
+    launch, topk_one.py; four, three, or keys + row kernel, topk.py; arguments already checked), over
     min(score_chunks, tuning.select_chunks) chunks per pair. The kernel bench times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
@@ -253,16 +253,13 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
         BLOCK=_sel.KEYS_BLOCK, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common, **pick,
     )
     final = dict(K_PAD=next_pow2(page_budget), CHUNKS_PAD=next_pow2(chunks))
-    if tuning.select_path == "three":  # the last resolve program of each pair finalizes it
-        _sel._resolve_kernel[(pairs, chunks)](
-            ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
-            BLOCK=_sel.KEYS_BLOCK, FINAL=True, num_warps=_sel.KEYS_WARPS, **final, **common, **pick,
-        )
-        return
+    three = tuning.select_path == "three"  # the last resolve program of each pair finalizes it
     _sel._resolve_kernel[(pairs, chunks)](
         ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
-        BLOCK=_sel.KEYS_BLOCK, num_warps=_sel.KEYS_WARPS, **common, **pick,
+        BLOCK=_sel.KEYS_BLOCK, FINAL=three, num_warps=_sel.KEYS_WARPS, **final, **common, **pick,
     )
+    if three:
+        return
     _sel._finalize_kernel[(pairs,)](
         ws.hist, ws.low_hist, ws.counts, ws.cand_page, seq_lens, selected_pages, *sizes,
         num_warps=_sel.FINAL_WARPS, **final, **common, **pick,

@@ -77,8 +77,8 @@ class ScoreTuning:
     # and, on bf16/fp16 dots, G >= 8 (N < 8 is not an mma shape: the GPU check battery failed there).
     coef_mma: bool = True
     # Selection after the score kernel (config.SELECT_PATHS): "four" (topk.py: keys, gather, resolve,
-    # finalize), "one" (topk_one.py: keys per chunk, the pair's last program selects) or "row" (keys,
-    # then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
+    # finalize), "three" (the same, the pair's last resolve program finalizes), "one" (topk_one.py: keys
+    # per chunk, the pair's last program selects) or "row" (keys, then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
     # took 11.2 / 17.8 µs at 32K / 128K against 19.1 / 19.7 (`score-sweep-h200-s5.md`); in the vLLM pair
     # (session 6, `bench-decode-glm4-40L-fa3-locks-async-h200-s6.md`) it saved 0.26 ms per step at 32K
     # and cost 0.95 ms at 128K, so "four" stays the default (the bench's `locks-one` arm runs "one").
@@ -335,13 +335,11 @@ def _score_kernel(
             mu = tl.load(rows_f16 + row[:, None] // 2 + d[None, :], mask=pm[:, None] & dm[None, :], other=0.0)
             v = tl.load(rows_f16 + row_n[:, None] // 2 + BASIS_OFF // 2 + n_col[:, None] * D + d[None, :],
                         mask=nm[:, None] & dm[None, :], other=0.0)
-            if COEF_MMA:
+            if COEF_MMA or COEF_VEC:  # [P, B, RP]: each token's coefficients in one vector load
                 cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
-                coef = tl.load(rows_f16 + (row3 + COEF_OFF) // 2 + cv_idx, mask=cv_mask, other=0.0)  # [P, B, RP]
-            elif COEF_VEC:
-                cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
-                coef = _spread_columns(tl.load(rows_f16 + (row3 + COEF_OFF) // 2 + cv_idx, mask=cv_mask, other=0.0),
-                                       f_pad, P, B, KC)
+                coef = tl.load(rows_f16 + (row3 + COEF_OFF) // 2 + cv_idx, mask=cv_mask, other=0.0)
+                if not COEF_MMA:
+                    coef = _spread_columns(coef, f_pad, P, B, KC)
             else:
                 coef = tl.load(rows_f16 + (row3 + COEF_OFF) // 2 + coef_idx, mask=coef_mask, other=0.0).to(tl.float32)
             q_mu = mm(mu.to(tl.float32), q_full, True)  # [P, G_DOT]
@@ -352,12 +350,11 @@ def _score_kernel(
             mu_scale = tl.load(rows_f16 + f_scales, mask=pm, other=0.0).to(tl.float32)
             col_scale = tl.load(rows_f16 + (row_n + SCALE_OFF) // 2 + 1 + B + n_col, mask=nm, other=0.0).to(tl.float32)
             tok_scale = tl.load(rows_f16 + f_scales[:, None] + 1 + tok[None, :], mask=pm[:, None], other=0.0)
-            if COEF_MMA:
+            if COEF_MMA or COEF_VEC:  # [P, B, RP]: each token's coefficients in one vector load
                 cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
-                coef = tl.load(rows_i8 + row3 + COEF_OFF + cv_idx, mask=cv_mask, other=0)  # [P, B, RP]
-            elif COEF_VEC:
-                cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
-                coef = _spread_columns(tl.load(rows_i8 + row3 + COEF_OFF + cv_idx, mask=cv_mask, other=0), f_pad, P, B, KC)
+                coef = tl.load(rows_i8 + row3 + COEF_OFF + cv_idx, mask=cv_mask, other=0)
+                if not COEF_MMA:
+                    coef = _spread_columns(coef, f_pad, P, B, KC)
             else:
                 coef = tl.load(rows_i8 + row3 + COEF_OFF + coef_idx, mask=coef_mask, other=0).to(tl.float32)  # [P, B, KC]
             # The basis (largest field) before the centroid: the compiler places each operand shuffle
