@@ -112,18 +112,24 @@ def stage_bytes(geom: KernelGeometry, layout: SummaryLayout, seq_len: int, batch
             "locks_step": score + select + decode, "dense": dense}
 
 
-def _time_graph(fn, replays: int, calls_per_replay: int) -> dict:
-    """Capture fn in a CUDA graph, replay it, return per-call µs samples (events around each replay)."""
+def capture_graph(fn) -> torch.cuda.CUDAGraph:
+    """fn captured in a CUDA graph after one eager warm-up call (compiles, lazily allocates), replayed 3 times."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        fn()  # warm-up outside capture (compiles, lazily allocates)
+        fn()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
     for _ in range(3):
         graph.replay()
+    return graph
+
+
+def _time_graph(fn, replays: int, calls_per_replay: int) -> dict:
+    """Capture fn in a CUDA graph, replay it, return per-call µs samples (events around each replay)."""
+    graph = capture_graph(fn)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     for start, end in zip(starts, ends):

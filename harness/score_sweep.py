@@ -22,7 +22,7 @@ from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
 from ..kernels.reference.packing import SummaryLayout
 from ..kernels.triton import ops
 from ..kernels.triton.score_select import DEFAULT_TUNING, ScoreTuning
-from .kernel_bench import _ContextState, _time_graph, resolve_geometry
+from .kernel_bench import _ContextState, _time_graph, capture_graph, resolve_geometry
 from .provenance import collect, reproduce_command
 from .workload import format_size, parse_size_list
 
@@ -43,6 +43,10 @@ VARIANTS = (
     ScoreTuning(select_path="one", register_select=False),
     ScoreTuning(select_path="three"),  # four launches' kernels, the last resolve program finalizes (s6, untimed)
     ScoreTuning(select_path="one", select_chunks=64),
+    # s7: tile t+1's loads issued before tile t's math (128 registers, 16 programs per SM as the default)
+    ScoreTuning(prefetch=True),
+    ScoreTuning(select_path="one", select_warps=4),  # the one-launch kernel's warps (8 by default; 255 registers)
+    ScoreTuning(select_path="one", select_warps=16),
     # the s4/s5 default: 4 warps x 16 pages, 128 chunks, FMA coefficient contraction
     ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False),
     ScoreTuning(coef_mma=False),  # one warp, FMA contraction (s6: 37.8 us at 128K)
@@ -62,11 +66,34 @@ VARIANTS = (
 )
 
 
+def mean_kernel_us(kernels: list[tuple[str, float]], calls: int) -> dict[str, float]:
+    """{kernel name: µs per call} from (name, device µs) of every kernel a profile saw over `calls` calls, in
+    first-seen order: which launch of a chain takes the time (the graph timing gives only the chain's sum)."""
+    totals: dict[str, float] = {}
+    for name, us in kernels:
+        totals[name] = totals.get(name, 0.0) + us
+    return {name: round(total / calls, 2) for name, total in totals.items()}
+
+
+def profile_graph(fn, replays: int, calls_per_replay: int) -> dict[str, float]:
+    """`mean_kernel_us` of fn's kernels under torch.profiler over graph replays (CUPTI times each node)."""
+    from torch.autograd import DeviceType
+
+    graph = capture_graph(fn)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    kernels = [(e.name, e.time_range.end - e.time_range.start) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return mean_kernel_us(kernels, replays * calls_per_replay)
+
+
 def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int,
-               variants=VARIANTS, flat: bool = False, table_pages: int = 0) -> list[dict]:
+               variants=VARIANTS, flat: bool = False, table_pages: int = 0, profile: bool = False) -> list[dict]:
     """flat: zero queries, so every page scores the same and every key ties (the select path's worst case).
     table_pages: block-table width (and workspace pages) when wider than the context's, as in an engine
-    whose max_model_len exceeds the context: launch shapes follow the width, not the live pages."""
+    whose max_model_len exceeds the context: launch shapes follow the width, not the live pages.
+    profile: also each kernel's µs per call (`profile_graph`), after the timings."""
     k_pages = SelectionConfig(budget_tokens=budget_tokens).page_budget
     scale = geom.head_dim**-0.5
     q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
@@ -101,6 +128,8 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
             timing = _time_graph(score, replays, state.copies)
             row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok", flat=flat,
                        select_us=_time_graph(select, replays, state.copies)["mean_us"])
+            if profile:
+                row["kernel_us"] = {**profile_graph(score, replays, state.copies), **profile_graph(select, replays, state.copies)}
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
             log.warning("variant %s failed: %s", tuning, exc)
             row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
@@ -131,7 +160,8 @@ def _nibble_path(tuning: dict) -> str:
     the tensor-core contraction."""
     codes = "words" if tuning.get("word_nibbles") else "mantissa" if tuning["mantissa_nibbles"] else "i2f"
     return (codes + ("+pairs" if tuning.get("word_pairs") and tuning.get("word_nibbles") else "")
-            + ("+vec" if tuning.get("coef_vector") else "") + ("+mma" if tuning.get("coef_mma") else ""))
+            + ("+vec" if tuning.get("coef_vector") else "") + ("+mma" if tuning.get("coef_mma") else "")
+            + ("+prefetch" if tuning.get("prefetch") else ""))
 
 
 def _select_path(tuning: dict) -> str:
@@ -155,6 +185,13 @@ def markdown(rows: list[dict]) -> str:
         else:
             check = "ok" if r["selection_problems"] is None else r["selection_problems"]
             lines.append(head + f"| {r['chunks']} | {r['mean_us']:.1f} ± {r['sd_us']:.1f} | {r['select_us']:.1f} | {r['same_selection']} ({check}) |")
+    profiled = [r for r in rows if r.get("kernel_us")]
+    if profiled:  # where each chain's time goes, per launch
+        lines += ["", "| context | variant (score, select path) | µs per kernel (profiler, graph replays) |", "|---|---|---|"]
+        for r in profiled:
+            t = r["tuning"]
+            kernels = ", ".join(f"{name} {us:.1f}" for name, us in r["kernel_us"].items())
+            lines.append(f"| {format_size(r['context_tokens'])} | {_nibble_path(t)}, {_select_path(t)} | {kernels} |")
     return "\n".join(lines)
 
 
@@ -167,11 +204,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", dest="summary_format", default="r8i4")
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--variants", type=int, default=len(VARIANTS), help="time only the first N of VARIANTS")
+    parser.add_argument("--pick", default=None, help="time only these VARIANTS indices (comma-separated; overrides --variants)")
+    parser.add_argument("--profile", action="store_true", help="also each kernel's µs per call (torch.profiler over graph replays)")
     parser.add_argument("--flat", action="store_true", help="zero queries: every key ties (dummy-weight engines)")
     parser.add_argument("--table-pages", type=int, default=0, help="block-table width (an engine's max_model_len / 16)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        chosen = [VARIANTS[int(i)] for i in args.pick.split(",")] if args.pick else list(VARIANTS[: args.variants])
+    except (ValueError, IndexError):
+        print(f"error: --pick {args.pick!r} must be comma-separated indices below {len(VARIANTS)}", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("error: the score sweep needs a CUDA GPU; run it on the H200 machine", file=sys.stderr)
         return 2
@@ -184,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     for context in parse_size_list(args.contexts):
         state = _ContextState(geom, layout, context, max(batches), gen)
         for batch in batches:
-            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, VARIANTS[: args.variants], args.flat, args.table_pages)
+            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, chosen, args.flat, args.table_pages, args.profile)
             rows.extend(cell)
             if args.out:
                 with open(args.out, "a") as f:

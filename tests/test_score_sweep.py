@@ -64,3 +64,31 @@ def test_markdown_names_each_variants_selection_path():
     assert "| words+pairs+mma | 4 launches," in body[5]  # a s6 sweep record (word_pairs, since removed)
     assert f"| words+vec+mma | 3 launches, ≤ {ScoreTuning().select_chunks} chunks |" in body[6]
     assert all("| 46.7 ± 0.2 | 20.0 | True (ok) |" in line for line in body)
+
+
+def test_kernel_profile_averages_each_launch_and_the_table_lists_them():
+    from dataclasses import asdict
+
+    from locks_toolkit.harness.score_sweep import markdown, mean_kernel_us
+    from locks_toolkit.kernels.triton.score_select import ScoreTuning
+
+    # two graph replays of a chain of three launches, one of them twice per chain
+    seen = [("_keys_kernel", 5.0), ("_gather_kernel", 3.0), ("_keys_kernel", 1.0), ("_keys_kernel", 7.0),
+            ("_gather_kernel", 5.0), ("_keys_kernel", 3.0)]
+    per_call = mean_kernel_us(seen, calls=2)
+    assert list(per_call) == ["_keys_kernel", "_gather_kernel"]
+    assert per_call == {"_keys_kernel": 8.0, "_gather_kernel": 4.0}
+    row = {"tuning": asdict(ScoreTuning(prefetch=True)), "context_tokens": 131072, "batch_size": 1, "status": "ok",
+           "chunks": 512, "mean_us": 20.0, "sd_us": 0.1, "select_us": 12.0, "same_selection": True,
+           "selection_problems": None, "kernel_us": per_call}
+    table = markdown([row])
+    assert "words+vec+mma+prefetch" in table
+    assert "| 128k | words+vec+mma+prefetch, 4 launches" in table and "_keys_kernel 8.0, _gather_kernel 4.0 |" in table
+
+
+def test_pick_names_a_variant_that_does_not_exist(capsys):
+    from locks_toolkit.harness.score_sweep import VARIANTS, main
+
+    assert main(["--pick", f"0,{len(VARIANTS)}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--pick '0,{len(VARIANTS)}' must be comma-separated indices below {len(VARIANTS)}" in err
