@@ -39,11 +39,14 @@ SELECT_WARPS = 8
 # not fall to the next size. Up to 8192 + 1024 pages (147K tokens) the keys stay in registers; longer
 # contexts take the passes over memory (~2 µs per pass at 128K on the H200).
 REG_SMALL, REG_MID, REG_LARGE = 2048, 4096, 8192
+# A threshold bin of at most COMPACT pages is compacted and resolved over [COMPACT] lanes (register path);
+# real attention puts a handful of pages in it, flat attention nearly all (then the in-place search runs).
+COMPACT = 256
 
 
 def register_sizes() -> dict:
     """The register-size constexprs of a launch (read at call time, so tests can shrink them)."""
-    return {"REG_SMALL": REG_SMALL, "REG_MID": REG_MID, "REG_LARGE": REG_LARGE}
+    return {"REG_SMALL": REG_SMALL, "REG_MID": REG_MID, "REG_LARGE": REG_LARGE, "COMPACT": COMPACT}
 
 
 @triton.jit
@@ -133,10 +136,41 @@ def _select_sparse_bin(key_row, out_row, page_row, low_row, recent, b1, need_in,
 
 
 @triton.jit
-def _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr):
-    """Contested keys in two register tensors (pages 1..NA and NA+1..NA+NB; recent - 1 <= NA + NB): the
-    low bits' threshold by binary search over the bin's keys (10 reductions, no memory traffic), the tie
-    cut by a scan, the pages ascending by another. The same cost for a sparse or a crowded bin."""
+def _span(lo, hi, LOW_BITS: tl.constexpr):
+    """(prefix, bits) with [lo, hi] inside [prefix, prefix + 2^bits): bits = 1 + the highest bit where lo
+    and hi differ. Flat attention (dummy weights) gives one value: bits = 0."""
+    differ = lo ^ hi
+    bits = 0
+    for j in tl.static_range(LOW_BITS):
+        bits += ((differ >> j) != 0).to(tl.int32)
+    return hi - (hi & ((1 << bits) - 1)), bits
+
+
+@triton.jit
+def _search_low(prefix, bits, need, lows_a, lows_b, TWO: tl.constexpr):
+    """Largest v with #(lows >= v) >= need (lanes outside the bin hold -1), given v in [prefix, prefix +
+    2^bits): one reduction (two with TWO tensors) per bit of the span, none when the bin is one value."""
+    low = prefix
+    for i in range(bits):
+        test = low | (1 << (bits - 1 - i))
+        n = tl.sum((lows_a >= test).to(tl.int32), axis=0)
+        if TWO:
+            n += tl.sum((lows_b >= test).to(tl.int32), axis=0)
+        if n >= need:
+            low = test
+    return low
+
+
+@triton.jit
+def _select_in_registers(key_row, out_row, low_row, page_row, recent, b1, need_in, in_bin, K,
+                         LOW_BITS: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, CM: tl.constexpr, K_PAD: tl.constexpr):
+    """Contested keys in two register tensors (pages 1..NA and NA+1..NA+NB; recent - 1 <= NA + NB).
+
+    A threshold bin of at most CM pages (real attention: a handful) is compacted (one scan that also
+    places the pages above the bin) and resolved over [CM] lanes, then the k-2 slots are sorted by
+    counting. A crowded bin (flat attention) is searched in place, over only the low bits where its
+    keys differ (none when they are all equal, as with dummy weights), then cut by two scans.
+    Session 6 searched all 10 low bits over every key: ~5900 instructions per thread at [8192] + [1024]."""
     pa = 1 + tl.arange(0, NA)
     pb = 1 + NA + tl.arange(0, NB)
     ua = tl.load(key_row + pa, mask=pa < recent, other=-1, cache_modifier=".cg")
@@ -144,21 +178,53 @@ def _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS: tl.con
     bin_lo = b1 << LOW_BITS
     in_a = (ua >> LOW_BITS) == b1  # -1 (masked) is in no bin
     in_b = (ub >> LOW_BITS) == b1
-    low = 0
-    for bit in tl.static_range(LOW_BITS - 1, -1, -1):
-        cut = bin_lo | low | (1 << bit)
-        if tl.sum((in_a & (ua >= cut)).to(tl.int32), axis=0) + tl.sum((in_b & (ub >= cut)).to(tl.int32), axis=0) >= need_in:
-            low = low | (1 << bit)
-    threshold = bin_lo | low
-    ties_wanted = need_in - tl.sum((in_a & (ua > threshold)).to(tl.int32), axis=0) - tl.sum((in_b & (ub > threshold)).to(tl.int32), axis=0)
-    tie_a = ua == threshold
-    tie_b = ub == threshold
-    take_a = (ua > threshold) | (tie_a & (tl.cumsum(tie_a.to(tl.int32), axis=0) <= ties_wanted))
-    ties_in_a = tl.sum(tie_a.to(tl.int32), axis=0)
-    take_b = (ub > threshold) | (tie_b & (ties_in_a + tl.cumsum(tie_b.to(tl.int32), axis=0) <= ties_wanted))
-    tl.store(out_row + tl.cumsum(take_a.to(tl.int32), axis=0), pa, mask=take_a)  # slot 1 + rank
-    taken_in_a = tl.sum(take_a.to(tl.int32), axis=0)
-    tl.store(out_row + taken_in_a + tl.cumsum(take_b.to(tl.int32), axis=0), pb, mask=take_b)
+    LOW_MASK: tl.constexpr = (1 << LOW_BITS) - 1
+    if in_bin <= CM:
+        # One packed scan: pages above the bin count in the low 16 bits, the bin's pages in the high 16.
+        pk_a = ((ua >> LOW_BITS) > b1).to(tl.int32) + (in_a.to(tl.int32) << 16)
+        pk_b = ((ub >> LOW_BITS) > b1).to(tl.int32) + (in_b.to(tl.int32) << 16)
+        cs_a = tl.cumsum(pk_a, axis=0)
+        cs_b = tl.sum(pk_a, axis=0) + tl.cumsum(pk_b, axis=0)
+        tl.store(out_row + (cs_a & 0xFFFF), pa, mask=(pk_a & 1) == 1)  # slot 1 + rank
+        tl.store(out_row + (cs_b & 0xFFFF), pb, mask=(pk_b & 1) == 1)
+        tl.store(low_row + (cs_a >> 16) - 1, ua & LOW_MASK, mask=in_a)
+        tl.store(page_row + (cs_a >> 16) - 1, pa, mask=in_a)
+        tl.store(low_row + (cs_b >> 16) - 1, ub & LOW_MASK, mask=in_b)
+        tl.store(page_row + (cs_b >> 16) - 1, pb, mask=in_b)
+        tl.debug_barrier()  # the lists are read back by other threads of this program
+        c = tl.arange(0, CM)
+        cm = c < in_bin
+        lows = tl.load(low_row + c, mask=cm, other=-1)
+        pages = tl.load(page_row + c, mask=cm, other=0)
+        prefix, bits = _span(tl.min(tl.where(cm, lows, LOW_MASK), axis=0), tl.max(lows, axis=0), LOW_BITS)
+        t_low = _search_low(prefix, bits, need_in, lows, lows, False)
+        tie = cm & (lows == t_low)
+        ties_wanted = need_in - tl.sum((cm & (lows > t_low)).to(tl.int32), axis=0)
+        chosen = cm & ((lows > t_low) | (tie & (tl.cumsum(tie.to(tl.int32), axis=0) <= ties_wanted)))
+        # after the K - 2 - need_in pages above the bin (slots 1..)
+        tl.store(out_row + K - 2 - need_in + tl.cumsum(chosen.to(tl.int32), axis=0), pages, mask=chosen)
+        tl.debug_barrier()
+        slot = tl.arange(0, K_PAD)
+        v = tl.load(out_row + 1 + slot, mask=slot < K - 2, other=2147483647)
+        rank = tl.sum((v[None, :] < v[:, None]).to(tl.int32), axis=1)  # pages are distinct
+        tl.debug_barrier()  # every slot is read before any is overwritten
+        tl.store(out_row + 1 + rank, v, mask=slot < K - 2)
+    else:
+        la = tl.where(in_a, ua & LOW_MASK, -1)
+        lb = tl.where(in_b, ub & LOW_MASK, -1)
+        lo = tl.minimum(tl.min(tl.where(in_a, la, LOW_MASK), axis=0), tl.min(tl.where(in_b, lb, LOW_MASK), axis=0))
+        prefix, bits = _span(lo, tl.maximum(tl.max(la, axis=0), tl.max(lb, axis=0)), LOW_BITS)
+        low = _search_low(prefix, bits, need_in, la, lb, True)
+        threshold = bin_lo | low
+        ties_wanted = need_in - tl.sum((in_a & (ua > threshold)).to(tl.int32), axis=0) - tl.sum((in_b & (ub > threshold)).to(tl.int32), axis=0)
+        tie_a = ua == threshold
+        tie_b = ub == threshold
+        take_a = (ua > threshold) | (tie_a & (tl.cumsum(tie_a.to(tl.int32), axis=0) <= ties_wanted))
+        ties_in_a = tl.sum(tie_a.to(tl.int32), axis=0)
+        take_b = (ub > threshold) | (tie_b & (ties_in_a + tl.cumsum(tie_b.to(tl.int32), axis=0) <= ties_wanted))
+        tl.store(out_row + tl.cumsum(take_a.to(tl.int32), axis=0), pa, mask=take_a)  # slot 1 + rank
+        taken_in_a = tl.sum(take_a.to(tl.int32), axis=0)
+        tl.store(out_row + taken_in_a + tl.cumsum(take_b.to(tl.int32), axis=0), pb, mask=take_b)
 
 
 @triton.jit
@@ -170,7 +236,7 @@ def _keys_select_kernel(
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
     K_PAD: tl.constexpr, CAND: tl.constexpr, SELECT_BLOCK: tl.constexpr, COARSE_PICK: tl.constexpr = True,
     REGISTERS: tl.constexpr = True, REG_SMALL: tl.constexpr = 2048, REG_MID: tl.constexpr = 4096,
-    REG_LARGE: tl.constexpr = 8192,  # register tensor sizes (module constants)
+    REG_LARGE: tl.constexpr = 8192, COMPACT: tl.constexpr = 256,  # register tensor sizes (module constants)
     SCP: tl.constexpr = 128, PDL: tl.constexpr = False,
 ):
     """Keys of every chunk, then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
@@ -189,6 +255,8 @@ def _keys_select_kernel(
             _clear_histogram_row(hist_row, NBINS)
             tl.store(counter, 0)
             key_row = keys_ptr + pair.to(tl.int64) * max_pages
+            low_scratch = cand_low_ptr + pair.to(tl.int64) * max_pages
+            page_scratch = cand_page_ptr + pair.to(tl.int64) * max_pages
             recent = num_pages - 1
             contested = recent - 1
             # The register sizes are picked per call from the live pages: every size is compiled, and a
@@ -196,14 +264,16 @@ def _keys_select_kernel(
             # fitted to the widest table would make every short context pay for the longest. (The
             # engine ran 32K + decode, 2047-2059 contested pages, in the next size up; now S + S/8.)
             if REGISTERS and contested <= REG_SMALL + REG_SMALL // 8:
-                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_SMALL, REG_SMALL // 8)
+                _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
+                                     REG_SMALL, REG_SMALL // 8, COMPACT, K_PAD)
             elif REGISTERS and contested <= REG_MID + REG_MID // 8:
-                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_MID, REG_MID // 8)
+                _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
+                                     REG_MID, REG_MID // 8, COMPACT, K_PAD)
             elif REGISTERS and contested <= REG_LARGE + REG_LARGE // 8:
-                _select_in_registers(key_row, out_row, recent, b1, need_in, LOW_BITS, REG_LARGE, REG_LARGE // 8)
+                _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
+                                     REG_LARGE, REG_LARGE // 8, COMPACT, K_PAD)
             elif in_bin <= CAND:
-                scratch = pair.to(tl.int64) * max_pages
-                _select_sparse_bin(key_row, out_row, cand_page_ptr + scratch, cand_low_ptr + scratch, recent, b1,
+                _select_sparse_bin(key_row, out_row, page_scratch, low_scratch, recent, b1,
                                    need_in, K - 2 - need_in, LOW_BITS, SELECT_BLOCK, K_PAD, CAND)
             else:
                 _select_crowded(key_row, out_row, recent, b1, need_in, LOW_BITS, SELECT_BLOCK)
