@@ -43,8 +43,6 @@ VARIANTS = (
     ScoreTuning(select_path="one", register_select=False),
     ScoreTuning(select_path="three"),  # four launches' kernels, the last resolve program finalizes (s6, untimed)
     ScoreTuning(select_path="one", select_chunks=64),
-    # s7: tile t+1's loads issued before tile t's math (128 registers, 16 programs per SM as the default)
-    ScoreTuning(prefetch=True),
     ScoreTuning(select_path="one", select_warps=4),  # the one-launch kernel's warps (8 by default; 255 registers)
     ScoreTuning(select_path="one", select_warps=16),
     # the s4/s5 default: 4 warps x 16 pages, 128 chunks, FMA coefficient contraction
@@ -161,7 +159,7 @@ def _nibble_path(tuning: dict) -> str:
     codes = "words" if tuning.get("word_nibbles") else "mantissa" if tuning["mantissa_nibbles"] else "i2f"
     return (codes + ("+pairs" if tuning.get("word_pairs") and tuning.get("word_nibbles") else "")
             + ("+vec" if tuning.get("coef_vector") else "") + ("+mma" if tuning.get("coef_mma") else "")
-            + ("+prefetch" if tuning.get("prefetch") else ""))
+            + ("+prefetch" if tuning.get("prefetch") else ""))  # s7 records: tile t+1's loads issued early (removed: slower)
 
 
 def _select_path(tuning: dict) -> str:

@@ -78,7 +78,7 @@ def test_kernel_profile_averages_each_launch_and_the_table_lists_them():
     per_call = mean_kernel_us(seen, calls=2)
     assert list(per_call) == ["_keys_kernel", "_gather_kernel"]
     assert per_call == {"_keys_kernel": 8.0, "_gather_kernel": 4.0}
-    row = {"tuning": asdict(ScoreTuning(prefetch=True)), "context_tokens": 131072, "batch_size": 1, "status": "ok",
+    row = {"tuning": {**asdict(ScoreTuning()), "prefetch": True}, "context_tokens": 131072, "batch_size": 1, "status": "ok",
            "chunks": 512, "mean_us": 20.0, "sd_us": 0.1, "select_us": 12.0, "same_selection": True,
            "selection_problems": None, "kernel_us": per_call}
     table = markdown([row])

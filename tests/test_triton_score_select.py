@@ -124,10 +124,10 @@ def test_vector_coefficient_loads_match_reference(device, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tuning", SCORER_VARIANTS, ids=lambda t: f"w{t.warps}-p{t.tile}" + ("-mma" if t.coef_mma else "-fma") + ("-prefetch" if t.prefetch else ""))
+@pytest.mark.parametrize("tuning", SCORER_VARIANTS, ids=lambda t: f"w{t.warps}-p{t.tile}" + ("-mma" if t.coef_mma else "-fma"))
 @pytest.mark.parametrize("case", [SELECT_CASES[0], SELECT_CASES[1], SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.fmt}-n{sum(c.seq_lens)}")
 def test_scorer_variants_select_what_the_reference_selects(device, tuning, case):
-    """The scorer's non-default paths (FMA coefficient contraction, the s4/s5 launch shape, prefetch)
+    """The scorer's non-default paths (FMA coefficient contraction, the s4/s5 launch shape)
     on int4 / int8 formats; the default (tensor-core contraction, one warp, 4-page tiles) runs in every other test."""
     result = check_score_select(device, case, fresh_seed(), tuning=tuning)
     assert result.ok, str(result)
@@ -178,13 +178,13 @@ def test_one_launch_select_memory_paths_match_reference(device, case, cand, monk
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ROW_CASES, ids=_case_id)
-@pytest.mark.parametrize("compact", [1, 256])
+@pytest.mark.parametrize("compact", [1, 128])
 def test_one_launch_select_register_sizes_match_reference(device, case, compact, monkeypatch):
     """The last program's register tensors shrunk to 16 / 32 / 64 (+ 1/8 each: 18 / 36 / 72 pages), so
     these cases take every branch, the second tensor included (69 contested pages in SELECT_CASES[4]
     reach past 64), and beyond 72 pages the passes over memory; production sizes are 2048 / 4096 / 8192.
-    A threshold bin of at most `compact` pages is compacted (1: every bin of two pages or more is searched in place;
-    256, the production size: every bin of these cases but the flat ones)."""
+    A threshold bin of at most `compact` pages is ranked in a compacted list (1: every bin of two pages or more is searched in place;
+    128, the production size: every bin of these cases but the flat ones)."""
     from locks_toolkit.kernels.triton import topk_one
 
     for name, size in (("REG_SMALL", 16), ("REG_MID", 32), ("REG_LARGE", 64), ("COMPACT", compact)):

@@ -316,9 +316,8 @@ def gpu_smoke_checks(device: str, seed: int) -> list[CheckResult]:
 
 
 # The scorer's non-default paths (the default runs in every other check): the FMA coefficient
-# contraction, the s4/s5 launch shape (4 warps x 16 pages), and the prefetching tile loop.
-SCORER_VARIANTS = (ScoreTuning(coef_mma=False), ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False),
-                   ScoreTuning(prefetch=True, max_chunks=3))  # several tiles per program: tile t+1 is prefetched
+# contraction, and the s4/s5 launch shape (4 warps x 16 pages).
+SCORER_VARIANTS = (ScoreTuning(coef_mma=False), ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False))
 
 
 def full_battery(device: str, seed: int) -> list[CheckResult]:

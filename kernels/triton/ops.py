@@ -209,7 +209,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
         P=tuning.tile, RP=next_pow2(rc.rank), FP32=(fp32 := dot_in_fp32(q) or rc.basis_bits == 16), STAGES=tuning.stages,
         MANTISSA=tuning.mantissa_nibbles,
         WORDS=tuning.word_nibbles and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset),
-        COEF_VEC=tuning.coef_vector, COEF_MMA=tuning.coef_mma and rc.rank >= 4 and (fp32 or group >= 8), PREFETCH=tuning.prefetch, PDL=tuning.pdl, launch_pdl=tuning.pdl,
+        COEF_VEC=tuning.coef_vector, COEF_MMA=tuning.coef_mma and rc.rank >= 4 and (fp32 or group >= 8), PDL=tuning.pdl, launch_pdl=tuning.pdl,
         num_warps=tuning.warps, maxnreg=tuning.maxnreg,
     )
     return chunks

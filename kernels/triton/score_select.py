@@ -99,9 +99,6 @@ class ScoreTuning:
     select_chunks: int = SELECT_CHUNKS  # chunks of the selection kernels at most (<= the score grid's)
     # True: threshold picks read 64 coarse + 128 fine histogram counts (topk.py); False: all 8192.
     coarse_pick: bool = True
-    # True: the tile loop issues tile t+1's loads before tile t's math (`_word_tile_loads`; the int4 word
-    # path with vector coefficient loads only), so a tile no longer waits on two global round trips.
-    prefetch: bool = False
 
     def __post_init__(self) -> None:
         if self.select_path not in SELECT_PATHS:
@@ -252,38 +249,6 @@ def _q_part(q_cols, OFF: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.conste
 
 
 @triton.jit
-def _word_tile_loads(rows_u8, rows_i8, rows_f16, block_table_ptr, s, s_bt, h, num_kv_heads, row_bytes, t, n_live,
-                     P: tl.constexpr, RP: tl.constexpr, R: tl.constexpr, B: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr,
-                     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr):
-    """Every global load of tile t on the production path (int4 words, per-token coefficient vectors),
-    pages < n_live: (mu_scale [P], col_scale [P*RP], tok_scale [P, B] fp16, coef [P, B, RP] int8,
-    words [P*RP, D/8] int32, mu [P, D] int8). The prefetching loop issues tile t+1's while tile t computes."""
-    tok = tl.arange(0, B)
-    d = tl.arange(0, D_PAD)
-    jw = tl.arange(0, D_PAD // 8)
-    n = tl.arange(0, P * RP)
-    n_col = n % RP
-    page = t * P + tl.arange(0, P)
-    pm = page < n_live
-    row = (tl.load(block_table_ptr + s * s_bt + page, mask=pm, other=0).to(tl.int64) * num_kv_heads + h) * row_bytes
-    page_n = t * P + n // RP
-    nm = (page_n < n_live) & (n_col < R)
-    row_n = (tl.load(block_table_ptr + s * s_bt + page_n, mask=page_n < n_live, other=0).to(tl.int64) * num_kv_heads + h) * row_bytes
-    page3 = t * P + tl.arange(0, P)[:, None, None]
-    row3 = (tl.load(block_table_ptr + s * s_bt + page3, mask=page3 < n_live, other=0).to(tl.int64) * num_kv_heads + h) * row_bytes
-    f_scales = (row + SCALE_OFF) // 2
-    mu_scale = tl.load(rows_f16 + f_scales, mask=pm, other=0.0)
-    col_scale = tl.load(rows_f16 + (row_n + SCALE_OFF) // 2 + 1 + B + n_col, mask=nm, other=0.0)
-    tok_scale = tl.load(rows_f16 + f_scales[:, None] + 1 + tok[None, :], mask=pm[:, None], other=0.0)
-    cv_idx, cv_mask = _token_vectors(tok, page3, n_live, R, RP)
-    coef = tl.load(rows_i8 + row3 + COEF_OFF + cv_idx, mask=cv_mask, other=0)
-    words = tl.load(rows_u8.to(tl.pointer_type(tl.int32)) + (row_n[:, None] + BASIS_OFF) // 4 + n_col[:, None] * (D // 8) + jw[None, :],
-                    mask=nm[:, None], other=-2004318072)  # code 8 (value 0) in every nibble
-    mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & (d < D)[None, :], other=0)
-    return mu_scale, col_scale, tok_scale, coef, words, mu
-
-
-@triton.jit
 def _score_kernel(
     q_ptr, rows_u8, rows_i8, rows_f16, block_table_ptr, seq_lens_ptr,
     scores_ptr, chunk_max_ptr, chunk_sum_ptr,
@@ -293,7 +258,7 @@ def _score_kernel(
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, STAGES: tl.constexpr = 1, MANTISSA: tl.constexpr = True,
     WORDS: tl.constexpr = False, COEF_VEC: tl.constexpr = False, PDL: tl.constexpr = False,
-    COEF_MMA: tl.constexpr = False, PREFETCH: tl.constexpr = False,
+    COEF_MMA: tl.constexpr = False,
 ):
     enter_dependent(PDL)
     pair = tl.program_id(0)
@@ -350,15 +315,6 @@ def _score_kernel(
     c3_col = c3 // F
     c3_ok = (c3 % F == 0) & (c3_col < R)
     f_pad = tl.arange(0, F)
-    # Prefetch (production path only): tile t+1's loads are issued before tile t's math, so each tile
-    # waits on no global round trip of its own (two before: block ids, then rows). Costs ~26 registers.
-    PF: tl.constexpr = PREFETCH and BITS == 4 and WORDS and (COEF_MMA or COEF_VEC)
-    pf_live = 0  # without prefetch every load below is masked (and unused: compiled away)
-    if PF:
-        pf_live = tl.minimum(t_end * P, n_full)
-    pf_mu_scale, pf_col_scale, pf_tok_scale, pf_coef, pf_words, pf_mu = _word_tile_loads(
-        rows_u8, rows_i8, rows_f16, block_table_ptr, s, s_bt, h, num_kv_heads, row_bytes, t_begin, pf_live,
-        P, RP, R, B, D, D_PAD, COEF_OFF, BASIS_OFF, SCALE_OFF)
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         page = t * P + tl.arange(0, P)
         pm = page < n_full
@@ -390,38 +346,30 @@ def _score_kernel(
             vq = mm(v.to(tl.float32), q_full, True)  # [P*RP, G_DOT]
             tok_scale = tl.full([P, B], 1.0, tl.float32)
         else:
-            if PF:
-                mu_scale, col_scale, tok_scale, coef, words, mu = pf_mu_scale, pf_col_scale, pf_tok_scale, pf_coef, pf_words, pf_mu
-                pf_mu_scale, pf_col_scale, pf_tok_scale, pf_coef, pf_words, pf_mu = _word_tile_loads(
-                    rows_u8, rows_i8, rows_f16, block_table_ptr, s, s_bt, h, num_kv_heads, row_bytes, t + 1, pf_live,
-                    P, RP, R, B, D, D_PAD, COEF_OFF, BASIS_OFF, SCALE_OFF)
-                mu_scale = mu_scale.to(tl.float32)
-                col_scale = col_scale.to(tl.float32)
+            f_scales = (row + SCALE_OFF) // 2
+            mu_scale = tl.load(rows_f16 + f_scales, mask=pm, other=0.0).to(tl.float32)
+            col_scale = tl.load(rows_f16 + (row_n + SCALE_OFF) // 2 + 1 + B + n_col, mask=nm, other=0.0).to(tl.float32)
+            tok_scale = tl.load(rows_f16 + f_scales[:, None] + 1 + tok[None, :], mask=pm[:, None], other=0.0)
+            if COEF_MMA or COEF_VEC:  # [P, B, RP]: each token's coefficients in one vector load
+                cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
+                coef = tl.load(rows_i8 + row3 + COEF_OFF + cv_idx, mask=cv_mask, other=0)
+                if not COEF_MMA:
+                    coef = _spread_columns(coef, f_pad, P, B, KC)
             else:
-                f_scales = (row + SCALE_OFF) // 2
-                mu_scale = tl.load(rows_f16 + f_scales, mask=pm, other=0.0).to(tl.float32)
-                col_scale = tl.load(rows_f16 + (row_n + SCALE_OFF) // 2 + 1 + B + n_col, mask=nm, other=0.0).to(tl.float32)
-                tok_scale = tl.load(rows_f16 + f_scales[:, None] + 1 + tok[None, :], mask=pm[:, None], other=0.0)
-                if COEF_MMA or COEF_VEC:  # [P, B, RP]: each token's coefficients in one vector load
-                    cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
-                    coef = tl.load(rows_i8 + row3 + COEF_OFF + cv_idx, mask=cv_mask, other=0)
-                    if not COEF_MMA:
-                        coef = _spread_columns(coef, f_pad, P, B, KC)
+                coef = tl.load(rows_i8 + row3 + COEF_OFF + coef_idx, mask=coef_mask, other=0).to(tl.float32)  # [P, B, KC]
+            # The basis (largest field) before the centroid: the compiler places each operand shuffle
+            # right after its load, and loads after a shuffle wait for the shuffled data.
+            if BITS == 4:  # bytes of 2 codes, or on the word path 32-bit words of 8
+                if WORDS:  # other: code 8 in every nibble (value 0)
+                    words = tl.load(rows_i32 + (row_n[:, None] + BASIS_OFF) // 4 + n_col[:, None] * (D // 8) + jw[None, :],
+                                     mask=nm[:, None], other=-2004318072)
                 else:
-                    coef = tl.load(rows_i8 + row3 + COEF_OFF + coef_idx, mask=coef_mask, other=0).to(tl.float32)  # [P, B, KC]
-                # The basis (largest field) before the centroid: the compiler places each operand shuffle
-                # right after its load, and loads after a shuffle wait for the shuffled data.
-                if BITS == 4:  # bytes of 2 codes, or on the word path 32-bit words of 8
-                    if WORDS:  # other: code 8 in every nibble (value 0)
-                        words = tl.load(rows_i32 + (row_n[:, None] + BASIS_OFF) // 4 + n_col[:, None] * (D // 8) + jw[None, :],
-                                         mask=nm[:, None], other=-2004318072)
-                    else:
-                        packed = tl.load(rows_u8 + row_n[:, None] + BASIS_OFF + n_col[:, None] * (D // 2) + jh[None, :],
-                                         mask=nm[:, None] & jhm[None, :], other=0x88).to(tl.int32)
-                else:
-                    v = tl.load(rows_i8 + row_n[:, None] + BASIS_OFF + n_col[:, None] * D + d[None, :],
-                                mask=nm[:, None] & dm[None, :], other=0)
-                mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
+                    packed = tl.load(rows_u8 + row_n[:, None] + BASIS_OFF + n_col[:, None] * (D // 2) + jh[None, :],
+                                     mask=nm[:, None] & jhm[None, :], other=0x88).to(tl.int32)
+            else:
+                v = tl.load(rows_i8 + row_n[:, None] + BASIS_OFF + n_col[:, None] * D + d[None, :],
+                            mask=nm[:, None] & dm[None, :], other=0)
+            mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
             q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
             if BITS == 4:
                 if WORDS:  # the eight K = d/8 products accumulate in the dot (no separate adds)
