@@ -178,13 +178,13 @@ def test_one_launch_select_memory_paths_match_reference(device, case, cand, monk
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ROW_CASES, ids=_case_id)
-@pytest.mark.parametrize("compact", [1, 128])
+@pytest.mark.parametrize("compact", [1, 256])
 def test_one_launch_select_register_sizes_match_reference(device, case, compact, monkeypatch):
     """The last program's register tensors shrunk to 16 / 32 / 64 (+ 1/8 each: 18 / 36 / 72 pages), so
     these cases take every branch, the second tensor included (69 contested pages in SELECT_CASES[4]
     reach past 64), and beyond 72 pages the passes over memory; production sizes are 2048 / 4096 / 8192.
-    A threshold bin of at most `compact` pages is ranked in a compacted list (1: every bin of two pages or more is searched in place;
-    128, the production size: every bin of these cases but the flat ones)."""
+    A threshold bin of at most `compact` pages is compacted (1: every bin of two pages or more is searched in place;
+    256, the production size: every bin of these cases but the flat ones)."""
     from locks_toolkit.kernels.triton import topk_one
 
     for name, size in (("REG_SMALL", 16), ("REG_MID", 32), ("REG_LARGE", 64), ("COMPACT", compact)):

@@ -66,18 +66,11 @@ COMBINE_CODES = {"share_average": 0, "group_max": 1, "group_mass": 2}
 @triton.jit
 def _pick_bin(hist, need, NB: tl.constexpr):
     """Largest bin b with count(digit >= b) >= need; returns (b, need - count(digit > b))."""
-    b, rest, _ = _pick_bin_counted(hist, need, NB)
-    return b, rest
-
-
-@triton.jit
-def _pick_bin_counted(hist, need, NB: tl.constexpr):
-    """`_pick_bin` and the count in bin b."""
     bins = tl.arange(0, NB)
     at_least = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
     b = tl.max(tl.where(at_least >= need, bins, -1), axis=0)
-    picked = bins == b
-    return b, need - tl.sum(tl.where(picked, at_least - hist, 0), axis=0), tl.sum(tl.where(picked, hist, 0), axis=0)
+    above = tl.sum(tl.where(bins == b, at_least - hist, 0), axis=0)
+    return b, need - above
 
 
 @triton.jit
@@ -85,21 +78,14 @@ def _pick_top_bin(row_ptr, need, NB: tl.constexpr, COARSE_PICK: tl.constexpr):
     """`_pick_bin` of the NB-bin histogram at row_ptr. COARSE_PICK: from its coarse counts (at row_ptr +
     NB, _COARSE bins of NB / _COARSE digits each) and the fine counts of one coarse bin (192 counts read
     instead of NB, one more dependent load); else from all NB counts."""
-    picked, rest, _ = _pick_top_bin_counted(row_ptr, need, NB, COARSE_PICK)
-    return picked, rest
-
-
-@triton.jit
-def _pick_top_bin_counted(row_ptr, need, NB: tl.constexpr, COARSE_PICK: tl.constexpr):
-    """`_pick_top_bin` and the count in the picked bin (from the counts already read: no third load)."""
     if COARSE_PICK:
         FINE: tl.constexpr = NB // _COARSE
         coarse_bin, need_in_bin = _pick_bin(tl.load(row_ptr + NB + tl.arange(0, _COARSE)), need, _COARSE)
-        fine_bin, rest, count = _pick_bin_counted(tl.load(row_ptr + coarse_bin * FINE + tl.arange(0, FINE)), need_in_bin, FINE)
+        fine_bin, rest = _pick_bin(tl.load(row_ptr + coarse_bin * FINE + tl.arange(0, FINE)), need_in_bin, FINE)
         picked = coarse_bin * FINE + fine_bin
     else:
-        picked, rest, count = _pick_bin_counted(tl.load(row_ptr + tl.arange(0, NB)), need, NB)
-    return picked, rest, count
+        picked, rest = _pick_bin(tl.load(row_ptr + tl.arange(0, NB)), need, NB)
+    return picked, rest
 
 
 @triton.jit

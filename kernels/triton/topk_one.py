@@ -1,5 +1,6 @@
 """Group combine + top-(k-2) page selection in ONE launch after the score kernel (`select_path="one"`;
-the default is still topk.py's four launches: this path was faster alone, not yet in the engine).
+the default is still topk.py's four launches: this path is faster alone, and in the engine at 32K, but
+lost at 128K in the engine in session 6 for a reason not yet found).
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`;
 keys, histogram and tie rule are topk.py's (23-bit fixed-point log shares, ties to the lower page id).
@@ -10,8 +11,8 @@ The program that arrives last (it alone sees count = chunks - 1; no program ever
 needs no co-residency and the interpreter's one-program-at-a-time order works) selects, after reading
 threshold bin b1 and the count still needed from it from the finished histogram (coarse pick):
 - contexts up to 9216 contested pages: every key in registers (a size picked per call from the live
-  pages), the low 10 bits' threshold by binary search over the bin, the tie cut by a scan, the pages
-  ascending by another: the same cost whether the bin is sparse or crowded;
+  pages); a threshold bin of at most COMPACT pages is compacted and resolved over [COMPACT] lanes, a
+  crowded one searched in place over only the low bits where its keys differ (`_select_in_registers`);
 - longer contexts, passes over memory: a bin of at most CAND pages is ranked in registers and merged
   with the pages above it by counting (ascending, no sort); a crowded bin takes a binary search with
   one pass per bit, then the tie cut-off page, then one ordered output pass.
@@ -29,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ._common import enter_dependent
-from .topk import _COARSE, _chunk_keys, _clear_histogram_row, _dense_row, _pick_top_bin, _pick_top_bin_counted, _program_pages
+from .topk import _COARSE, _chunk_keys, _clear_histogram_row, _dense_row, _pick_top_bin, _program_pages
 
 CAND = 64  # bin-b1 pages ranked in registers ([CAND, CAND] compares); more take the slow path
 SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread at 8 warps)
@@ -39,10 +40,9 @@ SELECT_WARPS = 8
 # not fall to the next size. Up to 8192 + 1024 pages (147K tokens) the keys stay in registers; longer
 # contexts take the passes over memory (~2 µs per pass at 128K on the H200).
 REG_SMALL, REG_MID, REG_LARGE = 2048, 4096, 8192
-# A threshold bin of at most COMPACT pages is compacted and ranked by counting over [COMPACT, COMPACT] lanes
-# (register path); real attention puts a handful of pages in it, flat attention nearly all (then the
-# in-place search runs).
-COMPACT = 128
+# A threshold bin of at most COMPACT pages is compacted and resolved over [COMPACT] lanes (register path);
+# real attention puts a handful of pages in it, flat attention nearly all (then the in-place search runs).
+COMPACT = 256
 
 
 def register_sizes() -> dict:
@@ -164,61 +164,72 @@ def _search_low(prefix, bits, need, lows_a, lows_b, TWO: tl.constexpr):
 
 @triton.jit
 def _select_in_registers(key_row, out_row, low_row, page_row, recent, b1, need_in, in_bin, K,
-                         LOW_BITS: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, RANK: tl.constexpr):
-    """Contested keys in two register tensors (pages 1..NA and NA+1..NA+NB; recent - 1 <= NA + NB); b1 is
-    the threshold bin, need_in the pages wanted from it, in_bin its count.
+                         LOW_BITS: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, CM: tl.constexpr, K_PAD: tl.constexpr):
+    """Contested keys in two register tensors (pages 1..NA and NA+1..NA+NB; recent - 1 <= NA + NB).
 
-    The cut is a key T and a page: take u > T, and u == T up to that page (ties to the lower ids). A bin
-    of at most RANK pages (real attention: a handful) is compacted and ranked by counting over [RANK,
-    RANK] lanes (one reduction); a crowded bin (flat attention) is searched in place over only the low
-    bits where its keys differ (none when they all tie, as with dummy weights), its tie cut-off page
-    from a scan. Then one scan writes the k-2 pages in page order. Every step is a CTA-wide reduction or
-    scan, and each costs about the same at [2048] or [8192]: their count, and the global round trips,
-    set the time. (Session 6 searched all 10 low bits over every key: 25 of them, ~5900 instructions.)"""
+    A threshold bin of at most CM pages (real attention: a handful) is compacted (one scan that also
+    places the pages above the bin) and resolved over [CM] lanes, then the k-2 slots are sorted by
+    counting. A crowded bin (flat attention) is searched in place, over only the low bits where its
+    keys differ (none when they are all equal, as with dummy weights), then cut by two scans.
+    Session 6 searched all 10 low bits over every key (~5900 instructions per thread at [8192] + [1024]).
+    In this one program every reduction or scan over the [S] keys costs ~1-2 µs at 128K (H200, session 7):
+    128K bs1 at the engine's table width went 23.8 -> 18.7 µs (keys + this tail; flat keys 15.2), and a
+    variant that cut the pages with one more [S] scan instead of the [CM] sort took 26.5 (flat 20.3).
+    (`score-sweep-h200-s7.md`.)"""
     pa = 1 + tl.arange(0, NA)
     pb = 1 + NA + tl.arange(0, NB)
     ua = tl.load(key_row + pa, mask=pa < recent, other=-1, cache_modifier=".cg")
     ub = tl.load(key_row + pb, mask=pb < recent, other=-1, cache_modifier=".cg")
+    bin_lo = b1 << LOW_BITS
     in_a = (ua >> LOW_BITS) == b1  # -1 (masked) is in no bin
     in_b = (ub >> LOW_BITS) == b1
     LOW_MASK: tl.constexpr = (1 << LOW_BITS) - 1
-    if in_bin <= RANK:
-        cs_a = tl.cumsum(in_a.to(tl.int32), axis=0)
-        cs_b = tl.sum(in_a.to(tl.int32), axis=0) + tl.cumsum(in_b.to(tl.int32), axis=0)
-        tl.store(low_row + cs_a - 1, ua & LOW_MASK, mask=in_a)
-        tl.store(page_row + cs_a - 1, pa, mask=in_a)
-        tl.store(low_row + cs_b - 1, ub & LOW_MASK, mask=in_b)
-        tl.store(page_row + cs_b - 1, pb, mask=in_b)
-        tl.debug_barrier()  # the list is read back by other threads of this program
-        c = tl.arange(0, RANK)
+    if in_bin <= CM:
+        # One packed scan: pages above the bin count in the low 16 bits, the bin's pages in the high 16.
+        pk_a = ((ua >> LOW_BITS) > b1).to(tl.int32) + (in_a.to(tl.int32) << 16)
+        pk_b = ((ub >> LOW_BITS) > b1).to(tl.int32) + (in_b.to(tl.int32) << 16)
+        cs_a = tl.cumsum(pk_a, axis=0)
+        cs_b = tl.sum(pk_a, axis=0) + tl.cumsum(pk_b, axis=0)
+        tl.store(out_row + (cs_a & 0xFFFF), pa, mask=(pk_a & 1) == 1)  # slot 1 + rank
+        tl.store(out_row + (cs_b & 0xFFFF), pb, mask=(pk_b & 1) == 1)
+        tl.store(low_row + (cs_a >> 16) - 1, ua & LOW_MASK, mask=in_a)
+        tl.store(page_row + (cs_a >> 16) - 1, pa, mask=in_a)
+        tl.store(low_row + (cs_b >> 16) - 1, ub & LOW_MASK, mask=in_b)
+        tl.store(page_row + (cs_b >> 16) - 1, pb, mask=in_b)
+        tl.debug_barrier()  # the lists are read back by other threads of this program
+        c = tl.arange(0, CM)
         cm = c < in_bin
         lows = tl.load(low_row + c, mask=cm, other=-1)
         pages = tl.load(page_row + c, mask=cm, other=0)
-        # rank in the bin: larger low bits first, then the lower page (the list is in page order)
-        better = cm[None, :] & ((lows[None, :] > lows[:, None]) | ((lows[None, :] == lows[:, None]) & (c[None, :] < c[:, None])))
-        last = cm & (tl.sum(better.to(tl.int32), axis=1) == need_in - 1)  # the bin's last page taken
-        threshold = (b1 << LOW_BITS) | tl.sum(tl.where(last, lows, 0), axis=0)
-        cut_page = tl.sum(tl.where(last, pages, 0), axis=0)
+        prefix, bits = _span(tl.min(tl.where(cm, lows, LOW_MASK), axis=0), tl.max(lows, axis=0), LOW_BITS)
+        t_low = _search_low(prefix, bits, need_in, lows, lows, False)
+        tie = cm & (lows == t_low)
+        ties_wanted = need_in - tl.sum((cm & (lows > t_low)).to(tl.int32), axis=0)
+        chosen = cm & ((lows > t_low) | (tie & (tl.cumsum(tie.to(tl.int32), axis=0) <= ties_wanted)))
+        # after the K - 2 - need_in pages above the bin (slots 1..)
+        tl.store(out_row + K - 2 - need_in + tl.cumsum(chosen.to(tl.int32), axis=0), pages, mask=chosen)
+        tl.debug_barrier()
+        slot = tl.arange(0, K_PAD)
+        v = tl.load(out_row + 1 + slot, mask=slot < K - 2, other=2147483647)
+        rank = tl.sum((v[None, :] < v[:, None]).to(tl.int32), axis=1)  # pages are distinct
+        tl.debug_barrier()  # every slot is read before any is overwritten
+        tl.store(out_row + 1 + rank, v, mask=slot < K - 2)
     else:
         la = tl.where(in_a, ua & LOW_MASK, -1)
         lb = tl.where(in_b, ub & LOW_MASK, -1)
         lo = tl.minimum(tl.min(tl.where(in_a, la, LOW_MASK), axis=0), tl.min(tl.where(in_b, lb, LOW_MASK), axis=0))
         prefix, bits = _span(lo, tl.maximum(tl.max(la, axis=0), tl.max(lb, axis=0)), LOW_BITS)
-        threshold = (b1 << LOW_BITS) | _search_low(prefix, bits, need_in, la, lb, True)
+        low = _search_low(prefix, bits, need_in, la, lb, True)
+        threshold = bin_lo | low
         ties_wanted = need_in - tl.sum((in_a & (ua > threshold)).to(tl.int32), axis=0) - tl.sum((in_b & (ub > threshold)).to(tl.int32), axis=0)
         tie_a = ua == threshold
         tie_b = ub == threshold
-        rank_a = tl.cumsum(tie_a.to(tl.int32), axis=0)
-        rank_b = tl.sum(tie_a.to(tl.int32), axis=0) + tl.cumsum(tie_b.to(tl.int32), axis=0)
-        cut_page = tl.maximum(tl.max(tl.where(tie_a & (rank_a <= ties_wanted), pa, -1), axis=0),
-                              tl.max(tl.where(tie_b & (rank_b <= ties_wanted), pb, -1), axis=0))
-    take_a = (ua > threshold) | ((ua == threshold) & (pa <= cut_page))
-    take_b = (ub > threshold) | ((ub == threshold) & (pb <= cut_page))
-    # slot 1 + rank; exactly k-2 are taken (the bound only keeps a broken cut inside this pair's row)
-    pos_a = tl.cumsum(take_a.to(tl.int32), axis=0)
-    tl.store(out_row + pos_a, pa, mask=take_a & (pos_a <= K - 2))
-    pos_b = tl.sum(take_a.to(tl.int32), axis=0) + tl.cumsum(take_b.to(tl.int32), axis=0)
-    tl.store(out_row + pos_b, pb, mask=take_b & (pos_b <= K - 2))
+        take_a = (ua > threshold) | (tie_a & (tl.cumsum(tie_a.to(tl.int32), axis=0) <= ties_wanted))
+        ties_in_a = tl.sum(tie_a.to(tl.int32), axis=0)
+        take_b = (ub > threshold) | (tie_b & (ties_in_a + tl.cumsum(tie_b.to(tl.int32), axis=0) <= ties_wanted))
+        tl.store(out_row + tl.cumsum(take_a.to(tl.int32), axis=0), pa, mask=take_a)  # slot 1 + rank
+        taken_in_a = tl.sum(take_a.to(tl.int32), axis=0)
+        tl.store(out_row + taken_in_a + tl.cumsum(take_b.to(tl.int32), axis=0), pb, mask=take_b)
 
 
 @triton.jit
@@ -230,7 +241,7 @@ def _keys_select_kernel(
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
     K_PAD: tl.constexpr, CAND: tl.constexpr, SELECT_BLOCK: tl.constexpr, COARSE_PICK: tl.constexpr = True,
     REGISTERS: tl.constexpr = True, REG_SMALL: tl.constexpr = 2048, REG_MID: tl.constexpr = 4096,
-    REG_LARGE: tl.constexpr = 8192, COMPACT: tl.constexpr = 128,  # register tensor sizes (module constants)
+    REG_LARGE: tl.constexpr = 8192, COMPACT: tl.constexpr = 256,  # register tensor sizes (module constants)
     SCP: tl.constexpr = 128, PDL: tl.constexpr = False,
 ):
     """Keys of every chunk, then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
@@ -244,9 +255,8 @@ def _keys_select_kernel(
         counter = counts_ptr + pair * (2 * MAXC + 2) + MAXC
         if tl.atomic_add(counter, 1, sem="acq_rel") == num_chunks - 1:
             hist_row = hist_ptr + pair * (NBINS + _COARSE)
-            # Pick and clear before the keys are loaded: with the [8192] + [1024] keys live across the
-            # clear, the 128K tail took 20-26 µs instead of 16-19 (H200, session 7).
-            b1, need_in, in_bin = _pick_top_bin_counted(hist_row, K - 2, NBINS, COARSE_PICK)
+            b1, need_in = _pick_top_bin(hist_row, K - 2, NBINS, COARSE_PICK)
+            in_bin = tl.load(hist_row + b1)
             _clear_histogram_row(hist_row, NBINS)
             tl.store(counter, 0)
             key_row = keys_ptr + pair.to(tl.int64) * max_pages
@@ -259,14 +269,14 @@ def _keys_select_kernel(
             # fitted to the widest table would make every short context pay for the longest. (The
             # engine ran 32K + decode, 2047-2059 contested pages, in the next size up; now S + S/8.)
             if REGISTERS and contested <= REG_SMALL + REG_SMALL // 8:
-                _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K,
-                                     LOW_BITS, REG_SMALL, REG_SMALL // 8, COMPACT)
+                _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
+                                     REG_SMALL, REG_SMALL // 8, COMPACT, K_PAD)
             elif REGISTERS and contested <= REG_MID + REG_MID // 8:
-                _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K,
-                                     LOW_BITS, REG_MID, REG_MID // 8, COMPACT)
+                _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
+                                     REG_MID, REG_MID // 8, COMPACT, K_PAD)
             elif REGISTERS and contested <= REG_LARGE + REG_LARGE // 8:
-                _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K,
-                                     LOW_BITS, REG_LARGE, REG_LARGE // 8, COMPACT)
+                _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
+                                     REG_LARGE, REG_LARGE // 8, COMPACT, K_PAD)
             elif in_bin <= CAND:
                 _select_sparse_bin(key_row, out_row, page_scratch, low_scratch, recent, b1,
                                    need_in, K - 2 - need_in, LOW_BITS, SELECT_BLOCK, K_PAD, CAND)
