@@ -3,7 +3,8 @@
     python -m locks_toolkit.harness.score_sweep --contexts 32k,128k --batch 1,8
 
 For each (context, batch) it times the score kernel alone (CUDA graph over layer copies, as `locks
-bench kernel` does) under every tuning in VARIANTS, runs the selection on each variant's scores,
+bench kernel` does) under every tuning in VARIANTS, the selection alone, and both chained layer by
+layer (as the engine runs them), runs the selection on each variant's scores,
 and refuses a variant whose selected pages differ from the default's (launch shape may change
 fp32 summation order, never the result). Prints a markdown table; --out appends JSON records.
 """
@@ -123,9 +124,15 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                 for _ in state.rows:
                     ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
 
+            def chained(chunks=chunks, selected=selected, tuning=tuning):  # layer by layer, as the engine runs them
+                for rows in state.rows:
+                    ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
+                    ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
+
             timing = _time_graph(score, replays, state.copies)
             row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok", flat=flat,
-                       select_us=_time_graph(select, replays, state.copies)["mean_us"])
+                       select_us=_time_graph(select, replays, state.copies)["mean_us"],
+                       chained_us=_time_graph(chained, replays, state.copies)["mean_us"])
             if profile:
                 row["kernel_us"] = {**profile_graph(score, replays, state.copies), **profile_graph(select, replays, state.copies)}
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
@@ -172,17 +179,19 @@ def _select_path(tuning: dict) -> str:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| context | bs | warps | maxnreg | tile | stages | decode | select path | chunks | score µs | select µs | same selection |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| context | bs | warps | maxnreg | tile | stages | decode | select path | chunks | score µs | select µs | score + select chained µs | same selection |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tuning"]
         head = (f"| {format_size(r['context_tokens'])} | {r['batch_size']} | {t['warps']} | {t['maxnreg']} | {t['tile']} "
                 f"| {t['stages']} | {_nibble_path(t)} | {_select_path(t)} ")
         if r["status"] != "ok":
-            lines.append(head + f"| — | {r['status']}: {r['reason'][:60]} | — | — |")
+            lines.append(head + f"| — | {r['status']}: {r['reason'][:60]} | — | — | — |")
         else:
             check = "ok" if r["selection_problems"] is None else r["selection_problems"]
-            lines.append(head + f"| {r['chunks']} | {r['mean_us']:.1f} ± {r['sd_us']:.1f} | {r['select_us']:.1f} | {r['same_selection']} ({check}) |")
+            chained = f"{r['chained_us']:.1f}" if "chained_us" in r else "—"  # records before session 7 lack it
+            lines.append(head + f"| {r['chunks']} | {r['mean_us']:.1f} ± {r['sd_us']:.1f} | {r['select_us']:.1f} | {chained} "
+                         f"| {r['same_selection']} ({check}) |")
     profiled = [r for r in rows if r.get("kernel_us")]
     if profiled:  # where each chain's time goes, per launch
         lines += ["", "| context | variant (score, select path) | µs per kernel (profiler, graph replays) |", "|---|---|---|"]
