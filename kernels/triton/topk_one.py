@@ -33,8 +33,12 @@ from ._common import enter_dependent
 from .topk import _COARSE, _chunk_keys, _clear_histogram_row, _dense_row, _pick_top_bin, _program_pages
 
 CAND = 64  # bin-b1 pages ranked in registers ([CAND, CAND] compares); more take the slow path
-SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread at 8 warps)
-SELECT_WARPS = 8
+SELECT_BLOCK = 4096  # keys per step of the last program's passes (8 per thread at 16 warps)
+# Warps of the one-launch kernel. Chained after the score kernel layer by layer (as the engine runs it;
+# H200, session 7, 128K bs1, engine table width) 16 warps took 48.8 / 49.6 µs of score + select (flat /
+# random keys) against 49.5 / 52.4 at 8 warps (255 registers, one program per SM) and the four launches'
+# 49.1 / 50.3; at 32K 22.0 / 25.0 against 21.2 / 23.7 (four: 29.3 / 30.4). Alone the two are within 1-2 µs.
+SELECT_WARPS = 16
 # Register tensor sizes of the last program (contested keys, powers of two): each size S holds S + S/8
 # keys in two tensors, so a context just past a power of two (32K or 128K plus its decode tokens) does
 # not fall to the next size. Up to 8192 + 1024 pages (147K tokens) the keys stay in registers; longer
