@@ -38,3 +38,21 @@ def test_kernels_compile_for_sm90_without_spills():
     assert not spilled, f"register spills on sm_90: {spilled}"
     score, fma = usage["_score_kernel"], usage["_score_kernel[fma]"]
     assert score["loop_mma"] > fma["loop_mma"] > 0, (score, fma)
+
+
+def test_loop_opcodes_count_the_largest_loop_only():
+    from locks_toolkit.kernels.triton.aot import loop_opcodes, loop_profile
+
+    sass = "\n".join([
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+        "        /*0010*/                   LOP3.LUT R2, R3, 0xf, RZ, 0xc0, !PT ;",  # before the loop
+        "        /*0020*/                   LOP3.LUT R4, R3, 0xf0, RZ, 0xc0, !PT ;",
+        "        /*0030*/                   PRMT R5, R4, 0x5410, R2 ;",
+        "        /*0040*/               @P0 HMMA.16816.F32.BF16 R8, R4, R6, R8 ;",
+        "        /*0050*/              @!P1 LDG.E R9, desc[UR4][R2.64] ;",
+        "        /*0060*/                   BRA 0x20 ;",
+        "        /*0070*/                   EXIT ;",
+    ])
+    assert loop_opcodes(sass) == {"LOP3": 1, "PRMT": 1, "HMMA": 1, "LDG": 1, "BRA": 1}
+    assert loop_profile(sass) == (5, 0, 1, 1)
+    assert loop_opcodes("        /*0000*/                   EXIT ;") == {}

@@ -2,7 +2,7 @@
 lowering errors and register spills on a CPU machine, where the tests run the interpreter.
 
 `python -m locks_toolkit.kernels.triton.aot` prints registers / spill bytes per kernel (it must
-run WITHOUT TRITON_INTERPRET=1). The constexprs mirror the production launches in `ops.py`
+run WITHOUT TRITON_INTERPRET=1); `--opcodes _score_kernel` the opcode counts of one kernel's loop. The constexprs mirror the production launches in `ops.py`
 (GLM-4-9B geometry: G=8, d=128, r8i4, k=128; bf16), and so does the specialisation: at launch the
 JIT marks every 16-byte-aligned pointer and every integer argument divisible by 16 (and any equal
 to 1) as such, which changes vectorisation and register use, so `PRODUCTION_HINTS` lists the integer
@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import triton
@@ -144,16 +145,33 @@ def _cuobjdump(kernel, flag: str) -> str:
         return subprocess.run([tool, flag, cubin.name], capture_output=True, text=True, check=True).stdout
 
 
-def loop_profile(sass: str) -> tuple[int, int, int, int]:
-    """(instructions, local-memory spill accesses, global loads, tensor-core mma) in the body of the kernel's
-    largest loop, per thread per iteration: its issue budget and how many memory requests each iteration waits on."""
+def _largest_loop(sass: str) -> list[str]:
+    """The instructions of the kernel's largest loop body (its back-branch span), [] without a loop."""
     lines = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
     loops = [(int(t[1], 16), addr) for addr, text in lines
              if (t := re.search(r"\bBRA\b[^`]*?0x([0-9a-f]+)", text)) and int(t[1], 16) < addr]
     if not loops:
-        return 0, 0, 0, 0
+        return []
     first, last = max(loops, key=lambda span: span[1] - span[0])
-    body = [text for addr, text in lines if first <= addr <= last]
+    return [text for addr, text in lines if first <= addr <= last]
+
+
+def loop_opcodes(sass: str) -> dict[str, int]:
+    """Opcode counts (predicates and modifiers dropped) in the largest loop body, most frequent first:
+    which kind of work a tile spends its issue slots on (e.g. the scorer's int4 decode: LOP3, PRMT, HADD2)."""
+    counts: dict[str, int] = {}
+    for text in _largest_loop(sass):
+        op = re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
+        counts[op] = counts.get(op, 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
+
+
+def loop_profile(sass: str) -> tuple[int, int, int, int]:
+    """(instructions, local-memory spill accesses, global loads, tensor-core mma) in the body of the kernel's
+    largest loop, per thread per iteration: its issue budget and how many memory requests each iteration waits on."""
+    body = _largest_loop(sass)
+    if not body:
+        return 0, 0, 0, 0
     return (len(body), sum(bool(re.search(r"\b(STL|LDL)", text)) for text in body),
             sum(bool(re.search(r"\bLDG", text)) for text in body), sum(bool(re.search(r"\bHMMA", text)) for text in body))
 
@@ -174,6 +192,25 @@ def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int
     return usage
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Compile every Locks kernel for sm_90 and print its facts.")
+    parser.add_argument("--opcodes", metavar="KERNEL", help="print the loop's opcode counts of one variant (e.g. _score_kernel)")
+    args = parser.parse_args(argv)
+    if args.opcodes:
+        variants = dict(_variants())
+        if args.opcodes not in variants:
+            print(f"error: --opcodes {args.opcodes!r} is not one of {sorted(variants)}", file=sys.stderr)
+            return 2
+        fn, pointer_types, constexprs, warps = variants[args.opcodes]
+        for op, n in loop_opcodes(_cuobjdump(compile_kernel(fn, pointer_types, constexprs, warps), "-sass")).items():
+            print(f"{op:10s} {n}")
+        return 0
     for name, facts in compile_all().items():
         print(f"{name:24s} {facts}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

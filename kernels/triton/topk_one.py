@@ -177,7 +177,7 @@ def _select_in_registers(key_row, out_row, low_row, page_row, recent, b1, need_i
     keys differ (none when they are all equal, as with dummy weights), then cut by two scans.
     Session 6 searched all 10 low bits over every key (~5900 instructions per thread at [8192] + [1024]).
     In this one program every reduction or scan over the [S] keys costs ~1-2 µs at 128K (H200, session 7):
-    128K bs1 at the engine's table width went 23.8 -> 18.7 µs (keys + this tail; flat keys 15.2), and a
+    128K bs1 at the engine's table width went 23.8 -> 18.7 µs (keys + this tail; flat keys 15.6), and a
     variant that cut the pages with one more [S] scan instead of the [CM] sort took 26.5 (flat 20.3).
     (`score-sweep-h200-s7.md`.)"""
     pa = 1 + tl.arange(0, NA)
