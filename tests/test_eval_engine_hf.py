@@ -130,7 +130,13 @@ def test_newline_stop_lands_on_the_token_the_whole_text_rule_picks(setup, monkey
         assert out.token_ids == tokens[: found or steps], f"breaks {breaks}, seed {seed}"
         assert out.stop_reason == ("newline" if found else "max_new_tokens")
         stops.append(found)
-    assert any(found and found > 1 for found in stops), f"no case stopped on a newline after text (seed {seed}): {tokens}"
+    # Guards against a no-op: a break after text is reachable whenever greedy decoding emits two distinct
+    # tokens ({distinct[-1]} then stops after the others). A random model that repeats one token (seen with
+    # seed 3854204473) has none, and then every stop must be the max-token one.
+    if len(distinct) > 1:
+        assert any(found and found > 1 for found in stops), f"no case stopped on a newline after text (seed {seed}): {tokens}"
+    else:
+        assert stops == [None] * len(stops), f"seed {seed}: {tokens}"
 
 
 def test_small_budget_changes_the_output(setup):

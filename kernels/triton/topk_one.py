@@ -30,15 +30,16 @@ import triton
 import triton.language as tl
 
 from ._common import enter_dependent
-from .topk import _COARSE, _chunk_keys, _clear_histogram_row, _dense_row, _pick_top_bin, _program_pages
+from .topk import _COARSE, _chunk_keys, _chunk_normalizers, _clear_histogram_row, _dense_row, _pick_top_bin, _program_pages
 
 CAND = 64  # bin-b1 pages ranked in registers ([CAND, CAND] compares); more take the slow path
-SELECT_BLOCK = 4096  # keys per step of the last program's passes (8 per thread at 16 warps)
+SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread at 8 warps)
 # Warps of the one-launch kernel. Chained after the score kernel layer by layer (as the engine runs it;
 # H200, session 7, 128K bs1, engine table width) 16 warps took 48.8 / 49.6 µs of score + select (flat /
-# random keys) against 49.5 / 52.4 at 8 warps (255 registers, one program per SM) and the four launches'
-# 49.1 / 50.3; at 32K 22.0 / 25.0 against 21.2 / 23.7 (four: 29.3 / 30.4). Alone the two are within 1-2 µs.
-SELECT_WARPS = 16
+# random keys) against 49.5 / 52.4 at 8 warps and the four launches' 49.1 / 50.3; at 32K 22.0 / 25.0
+# against 21.2 / 23.7 (four: 29.3 / 30.4). 16 warps cap the kernel at 128 registers and it spills (two
+# accesses in its loop), so 8 stays (255 registers, no spill); `ScoreTuning(select_warps=16)` times the other.
+SELECT_WARPS = 8
 # Register tensor sizes of the last program (contested keys, powers of two): each size S holds S + S/8
 # keys in two tensors, so a context just past a power of two (32K or 128K plus its decode tokens) does
 # not fall to the next size. Up to 8192 + 1024 pages (147K tokens) the keys stay in registers; longer
@@ -252,9 +253,10 @@ def _keys_select_kernel(
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     out_row = out_ptr + pair.to(tl.int64) * K
+    c_max, c_sum = _chunk_normalizers(chunk_max_ptr, chunk_sum_ptr, pair, num_score_chunks, G, GS, MAXC, SCP)
     if num_pages > K:
-        _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
-                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
+        _chunk_keys(c_max, c_sum, scores_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
+                    max_pages, num_chunks, G, GS, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW)
         tl.debug_barrier()  # every thread's keys and counts are issued before the arrival
         counter = counts_ptr + pair * (2 * MAXC + 2) + MAXC
         if tl.atomic_add(counter, 1, sem="acq_rel") == num_chunks - 1:
