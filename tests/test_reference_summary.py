@@ -79,7 +79,11 @@ def test_zero_modes_give_zero_columns_and_no_nan(gen, dtype):
         assert torch.isfinite(t).all()
     kept = summaries.kept_modes()
     assert kept[:3].sum() == 0, "a constant page must have only zero modes"
-    assert (kept[3:].sum(-1) == 2).all(), f"rank-2 pages keep {kept[3:].sum(-1).tolist()} modes"
+    assert kept[3:, :2].all(), f"rank-2 pages drop a genuine mode: {kept[3:].sum(-1).tolist()}"
+    if dtype != torch.bfloat16:
+        assert (kept[3:].sum(-1) == 2).all(), f"rank-2 pages keep {kept[3:].sum(-1).tolist()} modes"
+    # In bf16 the rounding of the keys is itself a mode (the pages are full rank), above the threshold for
+    # some draws (seed 1237679215: one page kept 3); the error bound below is what must hold.
     dropped = ~kept.unsqueeze(-2)
     assert (summaries.basis.masked_select(dropped) == 0).all()
     assert (summaries.coefficients.masked_select(dropped) == 0).all()
