@@ -310,11 +310,13 @@ def _resolve_kernel(
     # histogram and this chunk's candidate count (then the first block, beside the pick's second load).
     hist_row = hist_ptr + pair * (NBINS + _COARSE)
     coarse = _coarse_counts(hist_row, NBINS, COARSE_PICK)
-    low_hist = tl.load(low_hist_ptr + pair * (1 << LOW_BITS) + tl.arange(0, 1 << LOW_BITS))
+    low_hist_row = low_hist_ptr + pair * (1 << LOW_BITS)
+    low_hist = tl.load(low_hist_row + tl.arange(0, 1 << LOW_BITS))
     count_row = counts_ptr + pair * (2 * MAXC + 2)
     n_cand = tl.load(count_row + chunk)
+    out_row = out_ptr + pair.to(tl.int64) * K
     if FINAL and num_pages <= K and chunk == 0:
-        _dense_row(out_ptr + pair.to(tl.int64) * K, num_pages, K, K_PAD)
+        _dense_row(out_row, num_pages, K, K_PAD)
     if num_pages > K:
         first, _ = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages + first
@@ -323,7 +325,6 @@ def _resolve_kernel(
         page0 = tl.load(cand_page_ptr + row + f0, mask=f0 < n_cand, other=0)
         _, need = _pick_top_bin_pre(hist_row, coarse, K - 2, NBINS, COARSE_PICK)
         b2, _ = _pick_bin(low_hist, need, 1 << LOW_BITS)
-        out_row = out_ptr + pair.to(tl.int64) * K
         n_tie = _resolve_block(low0, page0, f0 < n_cand, b2, 0, row, out_row, count_row, cand_page_ptr, MAXC)
         for start in range(BLOCK, n_cand, BLOCK):
             f = start + tl.arange(0, BLOCK)
@@ -336,12 +337,10 @@ def _resolve_kernel(
             arrival = count_row + 2 * MAXC + 1
             if tl.atomic_add(arrival, 1, sem="acq_rel") == num_chunks - 1:
                 # after the acquire: every other program's outputs, ties and counts are visible
-                low_hist_row = low_hist_ptr + pair * (1 << LOW_BITS)
-                final_row = out_ptr + pair.to(tl.int64) * K
                 coarse, low_hist, n_above, ties, written = _finalize_inputs(
-                    hist_row, low_hist_row, count_row, final_row, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK, CHUNKS_PAD)
+                    hist_row, low_hist_row, count_row, out_row, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK, CHUNKS_PAD)
                 _finalize_pair(coarse, low_hist, n_above, ties, written, hist_row, low_hist_row, count_row, cand_page_ptr, pair,
-                               num_pages, final_row, max_pages, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK)
+                               num_pages, out_row, max_pages, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK)
                 tl.store(arrival, 0)
 
 
