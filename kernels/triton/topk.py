@@ -26,10 +26,6 @@ took 473 us per layer at 128K on the H200 against 31 us on random queries.)
    -1 padded (the dense fallback, decided on the device).
 Histogram atomics are pre-aggregated per block when the block's digits span < 64 bins (a flat
 distribution would otherwise send every lane's atomic to one address).
-Each launch costs 4-5 µs at bs1 whatever its work (H200, `score-sweep-h200-s7.md`): a chain of dependent
-global round trips. So every kernel issues the loads that wait on nothing (coarse counts, chunk
-normalizers, low-bit histogram, counts, the output's slots) with its sequence-length load, and its first
-block of keys or candidates beside the threshold pick's second load (session 7; untimed yet).
 
 Three-launch path (`ScoreTuning.select_path="three"`): step 5 runs in the pair's last resolve program to
 arrive (`_resolve_kernel` with FINAL; the arrival protocol of topk_one.py), one graph node fewer.
@@ -82,26 +78,9 @@ def _pick_top_bin(row_ptr, need, NB: tl.constexpr, COARSE_PICK: tl.constexpr):
     """`_pick_bin` of the NB-bin histogram at row_ptr. COARSE_PICK: from its coarse counts (at row_ptr +
     NB, _COARSE bins of NB / _COARSE digits each) and the fine counts of one coarse bin (192 counts read
     instead of NB, one more dependent load); else from all NB counts."""
-    return _pick_top_bin_pre(row_ptr, _coarse_counts(row_ptr, NB, COARSE_PICK), need, NB, COARSE_PICK)
-
-
-@triton.jit
-def _coarse_counts(row_ptr, NB: tl.constexpr, COARSE_PICK: tl.constexpr):
-    """The counts a coarse pick reads first. Kernels load them at entry, beside the sequence length:
-    each launch is a chain of dependent global round trips (~0.5 µs each on the H200, 4-5 µs per
-    selection launch whatever its work: `score-sweep-h200-s7.md`), and these wait on nothing."""
-    if COARSE_PICK:
-        return tl.load(row_ptr + NB + tl.arange(0, _COARSE))
-    else:
-        return tl.zeros([_COARSE], tl.int32)
-
-
-@triton.jit
-def _pick_top_bin_pre(row_ptr, coarse, need, NB: tl.constexpr, COARSE_PICK: tl.constexpr):
-    """`_pick_top_bin` with the coarse counts already loaded (`_coarse_counts`)."""
     if COARSE_PICK:
         FINE: tl.constexpr = NB // _COARSE
-        coarse_bin, need_in_bin = _pick_bin(coarse, need, _COARSE)
+        coarse_bin, need_in_bin = _pick_bin(tl.load(row_ptr + NB + tl.arange(0, _COARSE)), need, _COARSE)
         fine_bin, rest = _pick_bin(tl.load(row_ptr + coarse_bin * FINE + tl.arange(0, FINE)), need_in_bin, FINE)
         picked = coarse_bin * FINE + fine_bin
     else:
@@ -151,42 +130,28 @@ def _keys_kernel(
     ranges (and every later kernel's) are `num_chunks` selection chunks, which may be fewer."""
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
-    c_max, c_sum = _chunk_normalizers(chunk_max_ptr, chunk_sum_ptr, pair, num_score_chunks, G, GS, MAXC, SCP)
     if num_pages > K:
-        _chunk_keys(c_max, c_sum, scores_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
-                    max_pages, num_chunks, G, GS, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW)
-
-
-@triton.jit
-def _chunk_normalizers(chunk_max_ptr, chunk_sum_ptr, pair, num_score_chunks,
-                       G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, SCP: tl.constexpr):
-    """The score kernel's (max, sum-exp) per head and chunk [SCP, GS] of one pair (SCP: its chunk count
-    rounded up to a power of two; MAXC is only the workspace stride). Loaded at kernel entry, beside the
-    sequence length: they wait on nothing."""
-    g = tl.arange(0, GS)
-    ch = tl.arange(0, SCP)
-    part = (pair * MAXC + ch[:, None]) * GS + g[None, :]
-    cmask = (ch[:, None] < num_score_chunks) & (g < G)[None, :]
-    return (tl.load(chunk_max_ptr + part, mask=cmask, other=float("-inf")),
-            tl.load(chunk_sum_ptr + part, mask=cmask, other=0.0))
+        _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
+                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
 
 
 @triton.jit
 def _chunk_keys(
-    c_max, c_sum, scores_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages, max_pages, num_chunks,
-    G: tl.constexpr, GS: tl.constexpr, RULE: tl.constexpr,
+    scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
+    max_pages, num_chunks, num_score_chunks,
+    G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
+    SCP: tl.constexpr,
 ):
-    """Keys and histogram counts of the contested pages of one selection chunk of one pair, from the
-    chunk normalizers (`_chunk_normalizers`). The first block's scores are loaded before the normalizer
-    math, so that load's round trip overlaps it."""
+    """Keys and histogram counts of the contested pages of one selection chunk of one pair (SCP: the
+    score chunks' count rounded up to a power of two; MAXC is only the workspace stride)."""
     g = tl.arange(0, GS)
     gm = g < G
-    first, last = _chunk_range(num_pages, chunk, num_chunks)
-    score_rows = scores_ptr + pair.to(tl.int64) * max_pages * GS
-    page0 = first + tl.arange(0, BLOCK)
-    pm0 = page0 < last
-    sc0 = tl.load(score_rows + page0[:, None] * GS + g[None, :], mask=pm0[:, None] & gm[None, :], other=float("-inf"))
+    ch = tl.arange(0, SCP)
+    part = (pair * MAXC + ch[:, None]) * GS + g[None, :]
+    cmask = (ch[:, None] < num_score_chunks) & gm[None, :]
+    c_max = tl.load(chunk_max_ptr + part, mask=cmask, other=float("-inf"))
+    c_sum = tl.load(chunk_sum_ptr + part, mask=cmask, other=0.0)
     top = tl.max(c_max, axis=0)
     top_safe = tl.where(top == float("-inf"), 0.0, top)
     total = tl.sum(c_sum * tl.exp(c_max - top_safe[None, :]), axis=0)
@@ -203,40 +168,33 @@ def _chunk_keys(
         offset = tl.log(G * 1.0)
     else:
         offset = 0.0
-    hist_row = hist_ptr + pair * (NBINS + _COARSE)
-    key_row = keys_ptr + pair.to(tl.int64) * max_pages
-    _block_keys(sc0, page0, pm0, has_mass, log_norm, offset, key_row, hist_row, G, RULE, NBINS, LOW_BITS, STEPS, WINDOW)
-    for start in range(first + BLOCK, last, BLOCK):
+    first, last = _chunk_range(num_pages, chunk, num_chunks)
+    score_rows = scores_ptr + pair.to(tl.int64) * max_pages * GS
+    for start in range(first, last, BLOCK):
         page = start + tl.arange(0, BLOCK)
         pm = page < last
         sc = tl.load(score_rows + page[:, None] * GS + g[None, :], mask=pm[:, None] & gm[None, :], other=float("-inf"))
-        _block_keys(sc, page, pm, has_mass, log_norm, offset, key_row, hist_row, G, RULE, NBINS, LOW_BITS, STEPS, WINDOW)
-
-
-@triton.jit
-def _block_keys(sc, page, pm, has_mass, log_norm, offset, key_row, hist_row, G: tl.constexpr, RULE: tl.constexpr,
-                NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr):
-    """One block of pages: scores [BLOCK, GS] -> fixed-point keys (stored) and their histogram counts."""
-    if RULE == 2:
-        x = sc
-    else:  # log share per head; -inf (share 0) for heads without shares, as in the reference
-        x = tl.where(has_mass[None, :], sc - log_norm[None, :], float("-inf"))
-    x_max = tl.max(x, axis=1)
-    if RULE == 1:  # group_max: the largest share
-        key = x_max
-    else:
-        x_safe = tl.where(x_max == float("-inf"), 0.0, x_max)
-        key = x_safe + tl.log(tl.where(pm, tl.sum(tl.exp(x - x_safe[:, None]), axis=1), 1.0))
-    key = key - offset
-    # NaN (from NaN inputs; the reference counts NaN as -inf) becomes the lowest key: a NaN cast
-    # to int would index the histogram out of bounds.
-    key = tl.minimum(tl.maximum(tl.where(key == key, key, -64.0), -64.0), 0.0)
-    fixed = (key * STEPS).to(tl.int32) + 64 * STEPS  # 0 = share <= e^-64
-    fixed = tl.minimum(fixed, 64 * STEPS - 1)
-    tl.store(key_row + page, fixed, mask=pm)
-    digit = fixed >> LOW_BITS
-    _add_to_histogram(hist_row, digit, pm, WINDOW, NBINS)
-    _add_to_histogram(hist_row + NBINS, digit // (NBINS // _COARSE), pm, _COARSE, _COARSE)
+        if RULE == 2:
+            x = sc
+        else:  # log share per head; -inf (share 0) for heads without shares, as in the reference
+            x = tl.where(has_mass[None, :], sc - log_norm[None, :], float("-inf"))
+        x_max = tl.max(x, axis=1)
+        if RULE == 1:  # group_max: the largest share
+            key = x_max
+        else:
+            x_safe = tl.where(x_max == float("-inf"), 0.0, x_max)
+            key = x_safe + tl.log(tl.where(pm, tl.sum(tl.exp(x - x_safe[:, None]), axis=1), 1.0))
+        key = key - offset
+        # NaN (from NaN inputs; the reference counts NaN as -inf) becomes the lowest key: a NaN cast
+        # to int would index the histogram out of bounds.
+        key = tl.minimum(tl.maximum(tl.where(key == key, key, -64.0), -64.0), 0.0)
+        fixed = (key * STEPS).to(tl.int32) + 64 * STEPS  # 0 = share <= e^-64
+        fixed = tl.minimum(fixed, 64 * STEPS - 1)
+        tl.store(keys_ptr + pair.to(tl.int64) * max_pages + page, fixed, mask=pm)
+        digit = fixed >> LOW_BITS
+        hist_row = hist_ptr + pair * (NBINS + _COARSE)
+        _add_to_histogram(hist_row, digit, pm, WINDOW, NBINS)
+        _add_to_histogram(hist_row + NBINS, digit // (NBINS // _COARSE), pm, _COARSE, _COARSE)
 
 
 @triton.jit
@@ -246,49 +204,34 @@ def _gather_kernel(
     B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
     WINDOW: tl.constexpr, COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
-    """Pages above the threshold bin go to the output; pages inside it become the chunk's candidates.
-    The coarse counts and the first block of keys are loaded before the pick's dependent second load."""
+    """Pages above the threshold bin go to the output; pages inside it become the chunk's candidates."""
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
-    hist_row = hist_ptr + pair * (NBINS + _COARSE)
-    coarse = _coarse_counts(hist_row, NBINS, COARSE_PICK)
     if num_pages > K:
+        b1, _ = _pick_top_bin(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
         first, last = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages
-        page0 = first + tl.arange(0, BLOCK)
-        u0 = tl.load(keys_ptr + row + page0, mask=page0 < last, other=0)
-        b1, _ = _pick_top_bin_pre(hist_row, coarse, K - 2, NBINS, COARSE_PICK)
         out_row = out_ptr + pair.to(tl.int64) * K
         count_row = counts_ptr + pair * (2 * MAXC + 2)
-        low_hist_row = low_hist_ptr + pair * (1 << LOW_BITS)
-        n_cand = _gather_block(u0, page0, page0 < last, b1, 0, first, row, out_row, count_row, cand_low_ptr, cand_page_ptr,
-                               low_hist_row, MAXC, LOW_BITS, WINDOW)
-        for start in range(first + BLOCK, last, BLOCK):
+        n_cand = 0
+        for start in range(first, last, BLOCK):
             page = start + tl.arange(0, BLOCK)
-            u = tl.load(keys_ptr + row + page, mask=page < last, other=0)
-            n_cand = _gather_block(u, page, page < last, b1, n_cand, first, row, out_row, count_row, cand_low_ptr, cand_page_ptr,
-                                   low_hist_row, MAXC, LOW_BITS, WINDOW)
+            pm = page < last
+            u = tl.load(keys_ptr + row + page, mask=pm, other=0)
+            digit = u >> LOW_BITS
+            above = pm & (digit > b1)
+            inside = pm & (digit == b1)
+            n_up = tl.sum(above.to(tl.int32), axis=0)
+            if n_up > 0:  # fewer than k - 2 pages in all: the counter sees few atomics
+                base = tl.atomic_add(count_row + MAXC, n_up, sem="relaxed")
+                tl.store(out_row + 1 + base + tl.cumsum(above.to(tl.int32), axis=0) - 1, page, mask=above)
+            low = u & ((1 << LOW_BITS) - 1)
+            pos = first + n_cand + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+            tl.store(cand_low_ptr + row + pos, low, mask=inside)
+            tl.store(cand_page_ptr + row + pos, page, mask=inside)
+            _add_to_histogram(low_hist_ptr + pair * (1 << LOW_BITS), low, inside, WINDOW, 1 << LOW_BITS)
+            n_cand += tl.sum(inside.to(tl.int32), axis=0)
         tl.store(count_row + chunk, n_cand)
-
-
-@triton.jit
-def _gather_block(u, page, pm, b1, n_cand, first, row, out_row, count_row, cand_low_ptr, cand_page_ptr, low_hist_row,
-                  MAXC: tl.constexpr, LOW_BITS: tl.constexpr, WINDOW: tl.constexpr):
-    """One block of keys u of pages `page`: above bin b1 to the output, inside it to the chunk's
-    candidate list (page order) and the low-bit histogram; returns the chunk's candidate count."""
-    digit = u >> LOW_BITS
-    above = pm & (digit > b1)
-    inside = pm & (digit == b1)
-    n_up = tl.sum(above.to(tl.int32), axis=0)
-    if n_up > 0:  # fewer than k - 2 pages in all: the counter sees few atomics
-        base = tl.atomic_add(count_row + MAXC, n_up, sem="relaxed")
-        tl.store(out_row + 1 + base + tl.cumsum(above.to(tl.int32), axis=0) - 1, page, mask=above)
-    low = u & ((1 << LOW_BITS) - 1)
-    pos = first + n_cand + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-    tl.store(cand_low_ptr + row + pos, low, mask=inside)
-    tl.store(cand_page_ptr + row + pos, page, mask=inside)
-    _add_to_histogram(low_hist_row, low, inside, WINDOW, 1 << LOW_BITS)
-    return n_cand + tl.sum(inside.to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -306,58 +249,40 @@ def _resolve_kernel(
     chunk 0 writes the dense fallback row."""
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
-    # Loads that wait on nothing, issued with the sequence length's: the coarse counts, the low-bit
-    # histogram and this chunk's candidate count (then the first block, beside the pick's second load).
-    hist_row = hist_ptr + pair * (NBINS + _COARSE)
-    coarse = _coarse_counts(hist_row, NBINS, COARSE_PICK)
-    low_hist_row = low_hist_ptr + pair * (1 << LOW_BITS)
-    low_hist = tl.load(low_hist_row + tl.arange(0, 1 << LOW_BITS))
-    count_row = counts_ptr + pair * (2 * MAXC + 2)
-    n_cand = tl.load(count_row + chunk)
-    out_row = out_ptr + pair.to(tl.int64) * K
     if FINAL and num_pages <= K and chunk == 0:
-        _dense_row(out_row, num_pages, K, K_PAD)
+        _dense_row(out_ptr + pair.to(tl.int64) * K, num_pages, K, K_PAD)
     if num_pages > K:
+        _, need = _pick_top_bin(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
+        b2, _ = _pick_bin(tl.load(low_hist_ptr + pair * (1 << LOW_BITS) + tl.arange(0, 1 << LOW_BITS)), need, 1 << LOW_BITS)
         first, _ = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages + first
-        f0 = tl.arange(0, BLOCK)
-        low0 = tl.load(cand_low_ptr + row + f0, mask=f0 < n_cand, other=0)
-        page0 = tl.load(cand_page_ptr + row + f0, mask=f0 < n_cand, other=0)
-        _, need = _pick_top_bin_pre(hist_row, coarse, K - 2, NBINS, COARSE_PICK)
-        b2, _ = _pick_bin(low_hist, need, 1 << LOW_BITS)
-        n_tie = _resolve_block(low0, page0, f0 < n_cand, b2, 0, row, out_row, count_row, cand_page_ptr, MAXC)
-        for start in range(BLOCK, n_cand, BLOCK):
+        out_row = out_ptr + pair.to(tl.int64) * K
+        count_row = counts_ptr + pair * (2 * MAXC + 2)
+        n_cand = tl.load(count_row + chunk)
+        n_tie = 0
+        for start in range(0, n_cand, BLOCK):
             f = start + tl.arange(0, BLOCK)
-            low = tl.load(cand_low_ptr + row + f, mask=f < n_cand, other=0)
-            page = tl.load(cand_page_ptr + row + f, mask=f < n_cand, other=0)
-            n_tie = _resolve_block(low, page, f < n_cand, b2, n_tie, row, out_row, count_row, cand_page_ptr, MAXC)
+            valid = f < n_cand
+            low = tl.load(cand_low_ptr + row + f, mask=valid, other=0)
+            page = tl.load(cand_page_ptr + row + f, mask=valid, other=0)
+            up = valid & (low > b2)
+            tie = valid & (low == b2)
+            n_up = tl.sum(up.to(tl.int32), axis=0)
+            if n_up > 0:
+                base = tl.atomic_add(count_row + MAXC, n_up, sem="relaxed")
+                tl.store(out_row + 1 + base + tl.cumsum(up.to(tl.int32), axis=0) - 1, page, mask=up)
+            # In place: a tie is written at or before the slot it was read from, and the whole block
+            # is loaded before any of its stores (they depend on the block-wide cumsum).
+            tl.store(cand_page_ptr + row + n_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1, page, mask=tie)
+            n_tie += tl.sum(tie.to(tl.int32), axis=0)
         tl.store(count_row + MAXC + 1 + chunk, n_tie)
         if FINAL:
             tl.debug_barrier()  # every thread's outputs, ties and counts are issued before the arrival
             arrival = count_row + 2 * MAXC + 1
             if tl.atomic_add(arrival, 1, sem="acq_rel") == num_chunks - 1:
-                # after the acquire: every other program's outputs, ties and counts are visible
-                coarse, low_hist, n_above, ties, written = _finalize_inputs(
-                    hist_row, low_hist_row, count_row, out_row, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK, CHUNKS_PAD)
-                _finalize_pair(coarse, low_hist, n_above, ties, written, hist_row, low_hist_row, count_row, cand_page_ptr, pair,
-                               num_pages, out_row, max_pages, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK)
+                _finalize_pair(hist_ptr, low_hist_ptr, count_row, cand_page_ptr, pair, num_pages, out_ptr + pair.to(tl.int64) * K,
+                               max_pages, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK, CHUNKS_PAD)
                 tl.store(arrival, 0)
-
-
-@triton.jit
-def _resolve_block(low, page, valid, b2, n_tie, row, out_row, count_row, cand_page_ptr, MAXC: tl.constexpr):
-    """One block of a chunk's candidates: low bits above b2 to the output, ties (low == b2) compacted in
-    place in the chunk's list; returns the chunk's tie count so far."""
-    up = valid & (low > b2)
-    tie = valid & (low == b2)
-    n_up = tl.sum(up.to(tl.int32), axis=0)
-    if n_up > 0:
-        base = tl.atomic_add(count_row + MAXC, n_up, sem="relaxed")
-        tl.store(out_row + 1 + base + tl.cumsum(up.to(tl.int32), axis=0) - 1, page, mask=up)
-    # In place: a tie is written at or before the slot it was read from, and the whole block is
-    # loaded before any of its stores (they depend on the block-wide cumsum).
-    tl.store(cand_page_ptr + row + n_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1, page, mask=tie)
-    return n_tie + tl.sum(tie.to(tl.int32), axis=0)
 
 
 @triton.jit
@@ -378,6 +303,15 @@ def _dense_row(out_row, num_pages, K, K_PAD: tl.constexpr):
     """Pages <= k: every page, -1 padded (the dense fallback, decided on the device)."""
     slot = tl.arange(0, K_PAD)
     tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
+
+
+@triton.jit
+def _take_histogram(row_ptr, NB: tl.constexpr):
+    """A pair's histogram, left zeroed for the next call."""
+    bins = tl.arange(0, NB)
+    hist = tl.load(row_ptr + bins)
+    tl.store(row_ptr + bins, tl.zeros([NB], tl.int32))
+    return hist
 
 
 @triton.jit
@@ -406,60 +340,42 @@ def _finalize_kernel(
 ):
     """The first `need` ties in page order + sink + recent, ascending; resets the scratch for the next call."""
     enter_dependent(PDL)
-    pair = tl.program_id(0)
-    count_row = counts_ptr + pair * (2 * MAXC + 2)
-    hist_row = hist_ptr + pair * (NBINS + _COARSE)
-    low_hist_row = low_hist_ptr + pair * (1 << LOW_BITS)
-    # issued with the sequence length's load: none of them waits on it
-    coarse, low_hist, n_above, ties, written = _finalize_inputs(hist_row, low_hist_row, count_row, out_ptr + pair.to(tl.int64) * K,
-                                                                num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK, CHUNKS_PAD)
     pair, num_pages, out_row, _, sparse = _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B, K_PAD)
     if sparse:
-        _finalize_pair(coarse, low_hist, n_above, ties, written, hist_row, low_hist_row, count_row, cand_page_ptr, pair,
-                       num_pages, out_row, max_pages, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK)
-
-
-@triton.jit
-def _finalize_inputs(hist_row, low_hist_row, count_row, out_row, num_chunks, K, MAXC: tl.constexpr, NBINS: tl.constexpr,
-                     LOW_BITS: tl.constexpr, K_PAD: tl.constexpr, COARSE_PICK: tl.constexpr, CHUNKS_PAD: tl.constexpr):
-    """Every load of a pair's finalize that waits on no other, in one round trip: (coarse counts, low-bit
-    histogram, pages above the threshold so far, ties per chunk, the output row's slots)."""
-    slot = tl.arange(0, K_PAD)
-    ch = tl.arange(0, CHUNKS_PAD)
-    return (_coarse_counts(hist_row, NBINS, COARSE_PICK),
-            tl.load(low_hist_row + tl.arange(0, 1 << LOW_BITS)),
-            tl.load(count_row + MAXC),
-            tl.load(count_row + MAXC + 1 + ch, mask=ch < num_chunks, other=0),
-            tl.load(out_row + slot, mask=slot < K, other=0))
+        _finalize_pair(hist_ptr, low_hist_ptr, counts_ptr + pair * (2 * MAXC + 2), cand_page_ptr, pair, num_pages, out_row,
+                       max_pages, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK, CHUNKS_PAD)
 
 
 @triton.jit
 def _finalize_pair(
-    coarse, low_hist, n_above, ties, written, hist_row, low_hist_row, count_row, cand_page_ptr, pair, num_pages, out_row,
-    max_pages, num_chunks, K, MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr,
-    COARSE_PICK: tl.constexpr,
+    hist_ptr, low_hist_ptr, count_row, cand_page_ptr, pair, num_pages, out_row, max_pages, num_chunks, K,
+    MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr, COARSE_PICK: tl.constexpr,
+    CHUNKS_PAD: tl.constexpr,
 ):
-    """One sparse pair's last step, from `_finalize_inputs`: the first `need` ties in page order + the pages
-    above the threshold (slots 1..n_above of `written`) + sink + recent, sorted in registers and stored
-    once; its histograms and slot counter are left zeroed for the next call. Two dependent loads remain
-    (the pick's fine counts, then the tie pages): session 6's version made eight round trips."""
+    """One sparse pair's last step: the first `need` ties in page order + sink + recent, ascending; its
+    histograms and slot counter are left zeroed for the next call."""
     slot = tl.arange(0, K_PAD)
-    _, need = _pick_top_bin_pre(hist_row, coarse, K - 2, NBINS, COARSE_PICK)
+    _, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
+    low_hist = _take_histogram(low_hist_ptr + pair * (1 << LOW_BITS), 1 << LOW_BITS)
     _, need = _pick_bin(low_hist, need, 1 << LOW_BITS)
+    n_above = tl.load(count_row + MAXC)
+    tl.store(count_row + MAXC, 0)  # the slot counter starts at zero on the next call
+    ch = tl.arange(0, CHUNKS_PAD)
+    ties = tl.load(count_row + MAXC + 1 + ch, mask=ch < num_chunks, other=0)
     tie_end = tl.cumsum(ties, axis=0)  # inclusive: ties in chunks 0..c
-    # Slot s holds tie number j = s - 1 - n_above in chunk order: chunk c = #chunks whose ties end at or before j.
-    j = slot - 1 - n_above
-    done = tie_end[None, :] <= j[:, None]  # [K_PAD, CHUNKS_PAD]
+    # Slot j < need takes tie number j in chunk order: chunk c = #chunks whose ties end at or before j.
+    done = tie_end[None, :] <= slot[:, None]  # [K_PAD, CHUNKS_PAD]
     c = tl.sum(done.to(tl.int32), axis=1)
     c_start = tl.max(tl.where(done, tie_end[None, :], 0), axis=1)
     chunk_first = _chunk_range(num_pages, c, num_chunks)[0]
-    take = (j >= 0) & (j < need)
-    page = tl.load(cand_page_ptr + pair.to(tl.int64) * max_pages + chunk_first + j - c_start, mask=take, other=0)
-    row = tl.where(slot == 0, 0, tl.where(slot <= n_above, written,
-                   tl.where(take, page, tl.where(slot == K - 1, num_pages - 1, 2147483647))))
-    _clear_histogram_row(hist_row, NBINS)  # after a barrier: every lane has read its counts
-    tl.store(low_hist_row + tl.arange(0, 1 << LOW_BITS), tl.zeros([1 << LOW_BITS], tl.int32))
-    tl.store(count_row + MAXC, 0)  # the slot counter starts at zero on the next call
+    take = slot < need
+    pos = chunk_first + slot - c_start
+    page = tl.load(cand_page_ptr + pair.to(tl.int64) * max_pages + pos, mask=take, other=0)
+    tl.store(out_row + 1 + n_above + slot, page, mask=take)
+    tl.store(out_row, 0)
+    tl.store(out_row + K - 1, num_pages - 1)  # the recent page
+    tl.debug_barrier()
+    row = tl.load(out_row + slot, mask=slot < K, other=2147483647)
     tl.store(out_row + slot, tl.sort(row), mask=slot < K)
 
 

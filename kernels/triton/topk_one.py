@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 
 from ._common import enter_dependent
-from .topk import _COARSE, _chunk_keys, _chunk_normalizers, _clear_histogram_row, _dense_row, _pick_top_bin, _program_pages
+from .topk import _COARSE, _chunk_keys, _clear_histogram_row, _dense_row, _pick_top_bin, _program_pages
 
 CAND = 64  # bin-b1 pages ranked in registers ([CAND, CAND] compares); more take the slow path
 SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread at 8 warps)
@@ -253,10 +253,9 @@ def _keys_select_kernel(
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     out_row = out_ptr + pair.to(tl.int64) * K
-    c_max, c_sum = _chunk_normalizers(chunk_max_ptr, chunk_sum_ptr, pair, num_score_chunks, G, GS, MAXC, SCP)
     if num_pages > K:
-        _chunk_keys(c_max, c_sum, scores_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
-                    max_pages, num_chunks, G, GS, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW)
+        _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
+                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
         tl.debug_barrier()  # every thread's keys and counts are issued before the arrival
         counter = counts_ptr + pair * (2 * MAXC + 2) + MAXC
         if tl.atomic_add(counter, 1, sem="acq_rel") == num_chunks - 1:
