@@ -43,6 +43,7 @@ VARIANTS = (
     ScoreTuning(select_path="one"),
     ScoreTuning(select_path="one", register_select=False),
     ScoreTuning(select_path="three"),  # four launches' kernels, the last resolve program finalizes (s6, untimed)
+    ScoreTuning(select_path="one", radix_search=False),  # a crowded bin searched 1 low bit per pass (s7-s8)
     ScoreTuning(select_path="one", select_chunks=64),
     ScoreTuning(select_path="one", select_warps=4),  # the one-launch kernel's warps (8 by default; 255 registers)
     ScoreTuning(select_path="one", select_warps=16),
@@ -88,8 +89,11 @@ def profile_graph(fn, replays: int, calls_per_replay: int) -> dict[str, float]:
 
 
 def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int,
-               variants=VARIANTS, flat: bool = False, table_pages: int = 0, profile: bool = False) -> list[dict]:
+               variants=VARIANTS, flat: bool = False, table_pages: int = 0, profile: bool = False,
+               query_scale: float = 1.0) -> list[dict]:
     """flat: zero queries, so every page scores the same and every key ties (the select path's worst case).
+    query_scale: queries times this; a small one (1e-3) gives near-ties: page shares a few ulps apart, as
+    from dummy weights, which crowd the threshold bin without tying it.
     table_pages: block-table width (and workspace pages) when wider than the context's, as in an engine
     whose max_model_len exceeds the context: launch shapes follow the width, not the live pages.
     profile: also each kernel's µs per call (`profile_graph`), after the timings."""
@@ -98,6 +102,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
     q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
     if flat:
         q.zero_()
+    q.mul_(query_scale)
     bt = state.block_table[:batch]
     if table_pages > bt.shape[1]:
         bt = torch.nn.functional.pad(bt, (0, table_pages - bt.shape[1])).contiguous()
@@ -130,7 +135,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                     ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
 
             timing = _time_graph(score, replays, state.copies)
-            row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok", flat=flat,
+            row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok", flat=flat, query_scale=query_scale,
                        select_us=_time_graph(select, replays, state.copies)["mean_us"],
                        chained_us=_time_graph(chained, replays, state.copies)["mean_us"])
             if profile:
@@ -214,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pick", default=None, help="time only these VARIANTS indices (comma-separated; overrides --variants)")
     parser.add_argument("--profile", action="store_true", help="also each kernel's µs per call (torch.profiler over graph replays)")
     parser.add_argument("--flat", action="store_true", help="zero queries: every key ties (dummy-weight engines)")
+    parser.add_argument("--query-scale", type=float, default=1.0,
+                        help="scale the random queries (1e-3: near-tied keys, as a dummy-weight engine gives them)")
     parser.add_argument("--table-pages", type=int, default=0, help="block-table width (an engine's max_model_len / 16)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -235,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     for context in parse_size_list(args.contexts):
         state = _ContextState(geom, layout, context, max(batches), gen)
         for batch in batches:
-            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, chosen, args.flat, args.table_pages, args.profile)
+            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, chosen, args.flat, args.table_pages, args.profile,
+                              args.query_scale)
             rows.extend(cell)
             if args.out:
                 with open(args.out, "a") as f:

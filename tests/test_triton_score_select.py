@@ -272,3 +272,42 @@ def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(devic
     contested = ws.keys[: seqs * hkv, 1 : pages - 1]
     assert bool(((contested == contested.min(dim=1, keepdim=True).values).sum(dim=1) > 100).all())  # the ties at stake
     assert selection_problems(selected, ws.keys, seq_len, k) is None, selected.tolist()
+
+
+@triton.jit
+def _search_kernel(a_ptr, b_ptr, need_ptr, out_ptr, NA: tl.constexpr, NB: tl.constexpr, LOW_BITS: tl.constexpr):
+    """out = [1-bit search, 5-bit radix search] of the threshold of lows_a + lows_b (-1: not in the bin)."""
+    from locks_toolkit.kernels.triton.topk_one import _search_low, _search_low_radix, _span
+
+    la = tl.load(a_ptr + tl.arange(0, NA))
+    lb = tl.load(b_ptr + tl.arange(0, NB))
+    need = tl.load(need_ptr)
+    LOW_MASK: tl.constexpr = (1 << LOW_BITS) - 1
+    lo = tl.minimum(tl.min(tl.where(la >= 0, la, LOW_MASK), axis=0), tl.min(tl.where(lb >= 0, lb, LOW_MASK), axis=0))
+    prefix, bits = _span(lo, tl.maximum(tl.max(la, axis=0), tl.max(lb, axis=0)), LOW_BITS)
+    tl.store(out_ptr, _search_low(prefix, bits, need, la, lb, True))
+    tl.store(out_ptr + 1, _search_low_radix(prefix, bits, need, la, lb))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_radix_search_of_a_crowded_bin_finds_the_largest_threshold_keeping_need_lanes(device):
+    """The one-launch path's crowded-bin search, 5 bits per pass, against the brute-force threshold
+    (largest v with #(lows >= v) >= need) and the 1-bit search it replaces, on fresh random bins whose
+    low bits span 0 (one value: flat attention) to all 10 bits, with lanes outside the bin (-1)."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    na, nb = 256, 32
+    for trial in range(12):
+        span = [0, 1, 3, 5, 6, 9, 10][trial % 7]
+        base = int(torch.randint(0, 1024 - (1 << span) + 1, (1,), generator=gen))
+        lows = base + torch.randint(0, 1 << span, (na + nb,), generator=gen)
+        lows[torch.rand(na + nb, generator=gen) < 0.3] = -1
+        lows[0] = base  # the bin is never empty
+        in_bin = int((lows >= 0).sum())
+        need = int(torch.randint(1, in_bin + 1, (1,), generator=gen))
+        want = max(v for v in range(1024) if int((lows >= v).sum()) >= need)
+        out = torch.full((2,), -5, dtype=torch.int32)
+        la, lb = lows[:na].to(torch.int32), lows[na:].to(torch.int32)
+        _search_kernel[(1,)](la.to(device), lb.to(device), torch.tensor([need], dtype=torch.int32).to(device),
+                             out_dev := out.to(device), NA=na, NB=nb, LOW_BITS=10)
+        got = out_dev.cpu().tolist()
+        assert got == [want, want], f"span {span} base {base} need {need} of {in_bin}: {got} != {want}"
