@@ -43,7 +43,6 @@ VARIANTS = (
     ScoreTuning(select_path="one"),
     ScoreTuning(select_path="one", register_select=False),
     ScoreTuning(select_path="three"),  # four launches' kernels, the last resolve program finalizes (s6, untimed)
-    ScoreTuning(select_path="one", radix_search=False),  # a crowded bin searched 1 low bit per pass (s7-s8)
     ScoreTuning(select_path="one", select_chunks=64),
     ScoreTuning(select_path="one", select_warps=4),  # the one-launch kernel's warps (8 by default; 255 registers)
     ScoreTuning(select_path="one", select_warps=16),
@@ -92,8 +91,8 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                variants=VARIANTS, flat: bool = False, table_pages: int = 0, profile: bool = False,
                query_scale: float = 1.0) -> list[dict]:
     """flat: zero queries, so every page scores the same and every key ties (the select path's worst case).
-    query_scale: queries times this; a small one (1e-3) gives near-ties: page shares a few ulps apart, as
-    from dummy weights, which crowd the threshold bin without tying it.
+    query_scale: queries times this; a small one (1e-5 .. 3e-2) gives near-tied keys, which crowd the
+    threshold bin without tying it (what dummy-weight attention may look like; session 8 timed 1e-5, 1e-3, 3e-2).
     table_pages: block-table width (and workspace pages) when wider than the context's, as in an engine
     whose max_model_len exceeds the context: launch shapes follow the width, not the live pages.
     profile: also each kernel's µs per call (`profile_graph`), after the timings."""

@@ -233,7 +233,7 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
             ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, ws.cand_low, ws.cand_page,
             seq_lens, selected_pages, *sizes, score_chunks,
             K_PAD=next_pow2(page_budget), CAND=_one.CAND, SELECT_BLOCK=_one.SELECT_BLOCK,
-            REGISTERS=tuning.register_select, RADIX=tuning.radix_search, **_one.register_sizes(),
+            REGISTERS=tuning.register_select, **_one.register_sizes(),
             num_warps=tuning.select_warps or _one.SELECT_WARPS, **keys, **pick,
         )
         return

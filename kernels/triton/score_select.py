@@ -87,9 +87,6 @@ class ScoreTuning:
     # (topk_one.REG_LARGE * 9/8 pages); False always streams them from memory (what longer contexts do).
     register_select: bool = True
     select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.SELECT_WARPS
-    # The one-launch path's crowded threshold bin: True finds the cut 5 low bits per pass (a 32-bin
-    # histogram, `topk_one._search_low_radix`), False 1 bit per pass (two [S]-wide reductions each).
-    radix_search: bool = True
     # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):
     # each kernel's programs are scheduled while the previous one finishes. In the vLLM pair (H200,
     # session 6) within 1% at 32K and no gain at 128K, so off.

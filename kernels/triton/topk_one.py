@@ -168,36 +168,8 @@ def _search_low(prefix, bits, need, lows_a, lows_b, TWO: tl.constexpr):
 
 
 @triton.jit
-def _search_low_radix(prefix, bits, need, lows_a, lows_b):
-    """`_search_low` over two tensors, 5 bits per pass: a 32-bin histogram of the next digit of the lanes
-    that still match the decided high bits, then the largest digit that keeps >= need lanes at or above.
-    Near-tied keys (dummy-weight attention: shares equal to a few ulps) span up to 10 low bits, and a bit
-    per pass cost two [S]-wide reductions each (~1-2 µs per pass in this one program at 128K)."""
-    low = prefix
-    above = need * 0  # lanes already known to lie above the decided prefix
-    d = tl.arange(0, 32)
-    remaining = bits
-    for _ in range((bits + 4) // 5):
-        shift = tl.maximum(remaining - 5, 0)
-        width = remaining - shift
-        top = low >> remaining
-        play_a = (lows_a >= 0) & ((lows_a >> remaining) == top)
-        play_b = (lows_b >= 0) & ((lows_b >> remaining) == top)
-        digit_mask = (1 << width) - 1
-        hist = tl.histogram((lows_a >> shift) & digit_mask, 32, mask=play_a)
-        hist += tl.histogram((lows_b >> shift) & digit_mask, 32, mask=play_b)
-        at_or_above = above + tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist  # lanes with digit >= d
-        pick = tl.max(tl.where((at_or_above >= need) & (d <= digit_mask), d, 0), axis=0)
-        above += tl.sum(tl.where(d > pick, hist, 0), axis=0)
-        low = low | (pick << shift)
-        remaining = shift
-    return low
-
-
-@triton.jit
 def _select_in_registers(key_row, out_row, low_row, page_row, recent, b1, need_in, in_bin, K,
-                         LOW_BITS: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, CM: tl.constexpr, K_PAD: tl.constexpr,
-                         RADIX: tl.constexpr = True):
+                         LOW_BITS: tl.constexpr, NA: tl.constexpr, NB: tl.constexpr, CM: tl.constexpr, K_PAD: tl.constexpr):
     """Contested keys in two register tensors (pages 1..NA and NA+1..NA+NB; recent - 1 <= NA + NB).
 
     A threshold bin of at most CM pages (real attention: a handful) is compacted (one scan that also
@@ -252,10 +224,7 @@ def _select_in_registers(key_row, out_row, low_row, page_row, recent, b1, need_i
         lb = tl.where(in_b, ub & LOW_MASK, -1)
         lo = tl.minimum(tl.min(tl.where(in_a, la, LOW_MASK), axis=0), tl.min(tl.where(in_b, lb, LOW_MASK), axis=0))
         prefix, bits = _span(lo, tl.maximum(tl.max(la, axis=0), tl.max(lb, axis=0)), LOW_BITS)
-        if RADIX:  # near-ties (dummy weights) span many low bits: 5 per pass, not 1
-            low = _search_low_radix(prefix, bits, need_in, la, lb)
-        else:
-            low = _search_low(prefix, bits, need_in, la, lb, True)
+        low = _search_low(prefix, bits, need_in, la, lb, True)
         threshold = bin_lo | low
         ties_wanted = need_in - tl.sum((in_a & (ua > threshold)).to(tl.int32), axis=0) - tl.sum((in_b & (ub > threshold)).to(tl.int32), axis=0)
         tie_a = ua == threshold
@@ -278,7 +247,7 @@ def _keys_select_kernel(
     K_PAD: tl.constexpr, CAND: tl.constexpr, SELECT_BLOCK: tl.constexpr, COARSE_PICK: tl.constexpr = True,
     REGISTERS: tl.constexpr = True, REG_SMALL: tl.constexpr = 2048, REG_MID: tl.constexpr = 4096,
     REG_LARGE: tl.constexpr = 8192, COMPACT: tl.constexpr = 256,  # register tensor sizes (module constants)
-    SCP: tl.constexpr = 128, PDL: tl.constexpr = False, RADIX: tl.constexpr = True,
+    SCP: tl.constexpr = 128, PDL: tl.constexpr = False,
 ):
     """Keys of every chunk, then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
     enter_dependent(PDL)
@@ -306,13 +275,13 @@ def _keys_select_kernel(
             # engine ran 32K + decode, 2047-2059 contested pages, in the next size up; now S + S/8.)
             if REGISTERS and contested <= REG_SMALL + REG_SMALL // 8:
                 _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
-                                     REG_SMALL, REG_SMALL // 8, COMPACT, K_PAD, RADIX)
+                                     REG_SMALL, REG_SMALL // 8, COMPACT, K_PAD)
             elif REGISTERS and contested <= REG_MID + REG_MID // 8:
                 _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
-                                     REG_MID, REG_MID // 8, COMPACT, K_PAD, RADIX)
+                                     REG_MID, REG_MID // 8, COMPACT, K_PAD)
             elif REGISTERS and contested <= REG_LARGE + REG_LARGE // 8:
                 _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
-                                     REG_LARGE, REG_LARGE // 8, COMPACT, K_PAD, RADIX)
+                                     REG_LARGE, REG_LARGE // 8, COMPACT, K_PAD)
             elif in_bin <= CAND:
                 _select_sparse_bin(key_row, out_row, page_scratch, low_scratch, recent, b1,
                                    need_in, K - 2 - need_in, LOW_BITS, SELECT_BLOCK, K_PAD, CAND)
