@@ -272,3 +272,26 @@ def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(devic
     contested = ws.keys[: seqs * hkv, 1 : pages - 1]
     assert bool(((contested == contested.min(dim=1, keepdim=True).values).sum(dim=1) > 100).all())  # the ties at stake
     assert selection_problems(selected, ws.keys, seq_len, k) is None, selected.tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_select_battery_checks_every_requested_path_on_bf16_queries(device):
+    """The GPU pre-timing check (`checks --select`): one result per (path, case), bf16 queries, each
+    against the reference; a path it was not asked for does not run."""
+    from locks_toolkit.kernels.triton.checks import select_battery
+
+    results = select_battery(device, fresh_seed(), ("four", "one"), cases=[SELECT_CASES[5], SELECT_CASES[6]])
+    assert len(results) == 4
+    assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
+    assert sum("select_path='one'" in r.name for r in results) == 2
+    assert not any("select_path='three'" in r.name for r in results)
+
+
+def test_checks_cli_names_the_paths_when_one_is_unknown():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "locks_toolkit.kernels.triton.checks", "--select", "four,fast"],
+                         capture_output=True, text=True, env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
+    assert out.returncode != 0
+    assert "unknown path(s) ['fast']" in out.stderr and "four" in out.stderr

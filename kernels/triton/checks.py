@@ -342,6 +342,16 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
     return results
 
 
+def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None) -> list[CheckResult]:
+    """Every select case (default: SELECT_CASES + MANY_PAGES_CASE) on bf16 queries, once per selection
+    path: the GPU check to run before timing a selection change (`python -m ...triton.checks --select
+    four,three,one`). The interpreter runs a launch's programs one after another, so a race between
+    programs of one kernel shows only here (session 8: `gpu-checks-h200-s8.log`)."""
+    cases = SELECT_CASES + [MANY_PAGES_CASE] if cases is None else cases
+    return [check_score_select(device, c, seed + i, torch.bfloat16, tuning=ScoreTuning(select_path=path))
+            for path in paths for i, c in enumerate(cases)]
+
+
 def available_devices() -> list[str]:
     """Where the kernels can run here: the CPU interpreter (TRITON_INTERPRET=1) or the GPU."""
     import os
@@ -352,14 +362,26 @@ def available_devices() -> list[str]:
 
 
 if __name__ == "__main__":
+    import argparse
     import sys
 
     from ..reference.testing import fresh_seed
 
+    parser = argparse.ArgumentParser(description="Kernel checks against the torch references.")
+    parser.add_argument("--select", metavar="PATHS", help=f"only the select cases on bf16, for these paths "
+                        f"(comma-separated, of {', '.join(SELECT_PATHS)})")
+    args = parser.parse_args()
     devices = available_devices()
     if not devices:
         sys.exit("no device: set TRITON_INTERPRET=1 (CPU) or run on a GPU")
-    battery = full_battery(devices[0], fresh_seed())
+    if args.select:
+        paths = args.select.split(",")
+        unknown = [p for p in paths if p not in SELECT_PATHS]
+        if unknown:
+            sys.exit(f"--select: unknown path(s) {unknown}; choose from {', '.join(SELECT_PATHS)}")
+        battery = select_battery(devices[0], fresh_seed(), paths)
+    else:
+        battery = full_battery(devices[0], fresh_seed())
     for result in battery:
         print(result)
     failed = [r for r in battery if not r.ok]
