@@ -154,6 +154,9 @@ _LOCKS_VARIANTS = (
     ("locks-pdl", "programmatic dependent launch of its decode kernels (pdl=true)", {"pdl": True}),
     ("locks-one-pdl", "one-launch selection and programmatic dependent launch (select='one', pdl=true)",
      {"select": "one", "pdl": True}),
+    ("locks-lean", "the score kernel's instruction diet (scorer_kernel='lean': same scores up to fp32 rounding)",
+     {"scorer_kernel": "lean"}),
+    ("locks-lean2", "the lean score kernel with V^T q in two bf16 terms (scorer_kernel='lean2')", {"scorer_kernel": "lean2"}),
 )
 for _name, _what, _settings in _LOCKS_VARIANTS:
     register_arm(

@@ -22,7 +22,7 @@ import torch
 from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
 from ..kernels.reference.packing import SummaryLayout
 from ..kernels.triton import ops
-from ..kernels.triton.score_select import DEFAULT_TUNING, ScoreTuning
+from ..kernels.triton.score_select import DEFAULT_TUNING, SCORER_KERNELS, ScoreTuning
 from .kernel_bench import _ContextState, _time_graph, capture_graph, resolve_geometry
 from .provenance import collect, reproduce_command
 from .workload import format_size, parse_size_list
@@ -61,6 +61,10 @@ VARIANTS = (
     ScoreTuning(word_nibbles=False),  # int4 codes decoded per byte
     ScoreTuning(coef_vector=False),  # one load per coefficient
     ScoreTuning(mantissa_nibbles=False, word_nibbles=False),  # int-to-float conversion of the codes
+    # The scorer's instruction diet (session 8, sm_90 SASS per tile 1626 -> 1402 -> 1276; score_select.SCORER_KERNELS)
+    ScoreTuning(**SCORER_KERNELS["lean"]),
+    ScoreTuning(**SCORER_KERNELS["lean2"]),
+    ScoreTuning(select_path="one", **SCORER_KERNELS["lean"]),
     # Earlier defaults and the launch shapes they beat: docs/results/score-sweep-h200*.md (sessions 1-6).
 )
 
@@ -164,12 +168,14 @@ def selection_problems(selected: torch.Tensor, keys: torch.Tensor, seq_len: int,
 
 
 def _nibble_path(tuning: dict) -> str:
-    """How the tile is decoded and contracted: int4 codes (words, '+pairs' side by side in K (a s6 sweep
-    variant, removed) / mantissa bytes / int-to-float), '+vec' for vector coefficient loads, '+mma' for
-    the tensor-core contraction."""
+    """How the tile is decoded and contracted: int4 codes (words, '+pairs' side by side in K (s6: within
+    noise; part of the s8 diet) / mantissa bytes / int-to-float), '+vec' for vector coefficient loads, '+mma'
+    for the tensor-core contraction ('/2t': two bf16 terms), '+exp2' the log2 epilogue, '+o32' 32-bit offsets."""
     codes = "words" if tuning.get("word_nibbles") else "mantissa" if tuning["mantissa_nibbles"] else "i2f"
     return (codes + ("+pairs" if tuning.get("word_pairs") and tuning.get("word_nibbles") else "")
             + ("+vec" if tuning.get("coef_vector") else "") + ("+mma" if tuning.get("coef_mma") else "")
+            + ("/2t" if tuning.get("coef_terms") == 2 else "") + ("+exp2" if tuning.get("exp2_epilogue") else "")
+            + ("+o32" if tuning.get("narrow_offsets") else "")
             + ("+prefetch" if tuning.get("prefetch") else ""))  # s7 records: tile t+1's loads issued early (removed: slower)
 
 

@@ -89,6 +89,10 @@ class SummaryFormat:
 # program), "one" (keys, then the pair's last program selects), "row" (keys, then one program per pair).
 # Every path selects the same pages.
 SELECT_PATHS: tuple[str, ...] = ("four", "three", "one", "row")
+# The score kernel's code paths by name (`triton.score_select.SCORER_KERNELS`): "default"; "lean" (paired
+# int4 codes, log2 epilogue, 32-bit row offsets: the same scores up to fp32 rounding, fewer instructions);
+# "lean2" (lean, and V^T q in two bf16 terms: 16 significant bits instead of 24).
+SCORER_KERNELS: tuple[str, ...] = ("default", "lean", "lean2")
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 from locks_toolkit.kernels.reference.testing import fresh_seed
 from locks_toolkit.kernels.triton.checks import (
+    LEAN_VARIANTS,
     MANY_PAGES_CASE,
     SCORER_VARIANTS,
     SELECT_CASES,
@@ -18,6 +19,8 @@ from locks_toolkit.kernels.triton.checks import (
 from locks_toolkit.kernels.triton.score_select import (
     ScoreTuning,
     _nibble_value,
+    _paired_codes,
+    _q_pair,
     _word_codes,
     word_decode_fits,
 )
@@ -285,6 +288,8 @@ def test_select_battery_checks_every_requested_path_on_bf16_queries(device):
     assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
     assert sum("select_path='one'" in r.name for r in results) == 2
     assert not any("select_path='three'" in r.name for r in results)
+    lean = select_battery(device, fresh_seed(), ("four",), cases=[SELECT_CASES[4]], scorer="lean2")
+    assert len(lean) == 1 and lean[0].ok and "coef_terms=2" in lean[0].name, [str(r) for r in lean]
 
 
 def test_checks_cli_names_the_paths_when_one_is_unknown():
@@ -295,3 +300,51 @@ def test_checks_cli_names_the_paths_when_one_is_unknown():
                          capture_output=True, text=True, env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
     assert out.returncode != 0
     assert "unknown path(s) ['fast']" in out.stderr and "four" in out.stderr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tuning", LEAN_VARIANTS, ids=lambda t: f"terms{t.coef_terms}")
+@pytest.mark.parametrize("case", WORD_CASES[:2] + [SELECT_CASES[4]], ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-n{sum(c.seq_lens)}")
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_lean_scorer_selects_what_the_reference_selects(device, tuning, case, q_dtype):
+    """Paired int4 codes, the log2 epilogue and 32-bit row offsets (and two bf16 terms of V^T q) select
+    what the fp64 reference selects: on the word path (d = 128) and, for G = 8, the tensor-core contraction."""
+    result = check_score_select(device, case, fresh_seed(), q_dtype=q_dtype, tuning=tuning)
+    assert result.ok, str(result)
+
+
+@triton.jit
+def _pair_words(words_ptr, q_ptr, codes_ptr, qrows_ptr, M: tl.constexpr, D: tl.constexpr):
+    """codes[s, m, k] = _paired_codes(words, 4s)[m, k]; qrows[s, k] = _q_pair(q, s)[k, 0] (q as one column)."""
+    m = tl.arange(0, M)
+    words = tl.load(words_ptr + m[:, None] * (D // 8) + tl.arange(0, D // 8)[None, :])
+    k = tl.arange(0, D // 4)
+    one = tl.arange(0, 1) < 1
+    for S in tl.static_range(4):
+        codes = _paired_codes(words, 4 * S, M, D, tl.float32)
+        tl.store(codes_ptr + S * M * (D // 4) + m[:, None] * (D // 4) + k[None, :], codes)
+        rows = _q_pair(q_ptr + tl.arange(0, 1)[None, :], S, D, one, tl.float32)  # [D/4, 1]
+        tl.store(qrows_ptr + S * (D // 4) + k[:, None] + tl.arange(0, 1)[None, :], rows)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_paired_codes_and_query_rows_pair_the_same_dims(device):
+    """For every shift, column k of the paired codes and row k of the paired query hold the same head
+    dim, so the four dots sum every code times its own query element (dot = reference, exactly)."""
+    gen = torch.Generator().manual_seed(fresh_seed())
+    M, D = 4, 128
+    codes = torch.randint(0, 16, (M, D), generator=gen)  # code of dim d of row m
+    words = torch.zeros((M, D // 8), dtype=torch.int64)
+    for d in range(D):  # byte b of word j holds dims 8j + 2b (low nibble) and 8j + 2b + 1 (high)
+        words[:, d // 8] |= codes[:, d] << (4 * (d % 8))
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    q = torch.randn(D, generator=gen)
+    out = torch.full((4, M, D // 4), float("nan"))
+    qrows = torch.full((4, D // 4), float("nan"))
+    _pair_words[(1,)](words.to(device), q.to(device), out_dev := out.to(device), qr_dev := qrows.to(device), M=M, D=D)
+    out, qrows = out_dev.cpu().double(), qr_dev.cpu().double()
+    got = sum(out[s] @ qrows[s] for s in range(4))
+    want = (codes.double() - 8) @ q.double()
+    assert torch.allclose(got, want, rtol=0, atol=1e-9), (got - want).abs().max()
+    # each query element appears once over the four shifts
+    assert torch.equal(torch.sort(qrows.flatten()).values, torch.sort(q.double()).values)

@@ -100,6 +100,22 @@ def test_settings_parse_every_key():
     assert settings.select == "four" and parse_settings({"select": "one"}).select == "one"
     assert "select=one" in parse_settings({"select": "one"}).describe()
     assert not settings.pdl and parse_settings({"pdl": True}).pdl and "pdl=True" in parse_settings({"pdl": True}).describe()
+    assert settings.scorer_kernel == "default" and parse_settings({"scorer_kernel": "lean2"}).scorer_kernel == "lean2"
+    assert "scorer_kernel=lean" in parse_settings({"scorer_kernel": "lean"}).describe()
+
+
+def test_scorer_kernel_setting_reaches_the_triton_tuning():
+    """The backend's `scorer_kernel` picks the score kernel's code path: the Triton ops' tuning carries its
+    fields; every other field stays the default's."""
+    from dataclasses import replace
+
+    from locks_toolkit.kernels.triton.score_select import DEFAULT_TUNING, SCORER_KERNELS
+    from locks_toolkit.kernels.vllm_backend.kernel_ops import TritonOps
+
+    for name, fields in SCORER_KERNELS.items():
+        ops = TritonOps("one", False, name)
+        assert ops._tuning == replace(DEFAULT_TUNING, select_path="one", **fields)
+    assert TritonOps(scorer_kernel="lean2")._tuning.coef_terms == 2
 
 
 @pytest.mark.parametrize(
@@ -115,6 +131,7 @@ def test_settings_parse_every_key():
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
         ({"select": "two"}, "select 'two' unknown; use one of four, three, one, row"),
         ({"pdl": "yes"}, "pdl must be true or false"),
+        ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of default, lean, lean2"),
         ([1, 2], "must be a dict"),
     ],
 )

@@ -103,11 +103,16 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
     ]
 
 
+# checks.LEAN_VARIANTS as ops.py passes them at the production geometry (rows buffer < 2 GiB, RP = 8).
+LEAN = {"WORD_PAIRS": True, "EXP2": True, "ROWS32": True}
+
+
 def _variants(**geometry) -> list[tuple[str, tuple]]:
     """(name, spec): every production kernel, plus the score kernel's byte path (the default before
     2026-11-29 s4: int4 codes decoded per byte, one load per coefficient), its FMA coefficient
-    contraction (the default before 2026-11-30 s6), three kernels with programmatic dependent launch (`[pdl]`)
-    and the resolve kernel that finalizes (the three-launch selection)."""
+    contraction (the default before 2026-11-30 s6), its instruction diet (`[lean]`, `[lean2]`: checks.LEAN_VARIANTS),
+    three kernels with programmatic dependent launch (`[pdl]`) and the resolve kernel that finalizes (the
+    three-launch selection)."""
     specs = _specs(**geometry)
     named = [(spec[0].__name__, spec) for spec in specs]
     fn, pointers, constexprs, warps = next(spec for spec in specs if spec[0] is _ss._score_kernel)
@@ -118,7 +123,9 @@ def _variants(**geometry) -> list[tuple[str, tuple]]:
     final = [("_resolve_kernel[final]", (resolve[0], resolve[1], {**resolve[2], "FINAL": True, "K_PAD": next_pow2(page_budget),
                                                                   "CHUNKS_PAD": next_pow2(_ss.DEFAULT_TUNING.select_chunks)}, resolve[3]))]
     return named + with_pdl + final + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps)),
-                               ("_score_kernel[fma]", (fn, pointers, {**constexprs, "COEF_MMA": False}, warps))]
+                               ("_score_kernel[fma]", (fn, pointers, {**constexprs, "COEF_MMA": False}, warps)),
+                               ("_score_kernel[lean]", (fn, pointers, {**constexprs, **LEAN}, warps)),
+                               ("_score_kernel[lean2]", (fn, pointers, {**constexprs, **LEAN, "COEF_TWO": True}, warps))]
 
 
 def compile_kernel(fn, pointer_types: dict, constexprs: dict, warps, target: GPUTarget = SM90):

@@ -21,7 +21,7 @@ from ..reference.select import combine_group, select_pages
 from ..reference.summary import build_page_summaries, reconstruct_keys
 from ..reference.testing import gaussian_keys, generator, low_rank_keys
 from . import ops
-from .score_select import DEFAULT_TUNING, ScoreTuning
+from .score_select import DEFAULT_TUNING, SCORER_KERNELS, ScoreTuning
 
 logger = logging.getLogger(__name__)
 
@@ -318,6 +318,9 @@ def gpu_smoke_checks(device: str, seed: int) -> list[CheckResult]:
 # The scorer's non-default paths (the default runs in every other check): the FMA coefficient
 # contraction, and the s4/s5 launch shape (4 warps x 16 pages).
 SCORER_VARIANTS = (ScoreTuning(coef_mma=False), ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False))
+# The scorer's instruction diet (session 8, untimed): exact up to fp32 rounding, and with two bf16 terms
+# of V^T q in the coefficient contraction (16 significant bits).
+LEAN_VARIANTS = tuple(ScoreTuning(**SCORER_KERNELS[name]) for name in ("lean", "lean2"))
 
 
 def full_battery(device: str, seed: int) -> list[CheckResult]:
@@ -333,7 +336,7 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
                 for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE])]
     # the scorer's other paths on bf16 queries
     results += [check_score_select(device, c, seed + i, torch.bfloat16, tuning=t)
-                for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE]) for t in SCORER_VARIANTS]
+                for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE]) for t in SCORER_VARIANTS + LEAN_VARIANTS]
     if torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
         # programmatic dependent launch: sm_90 only (the interpreter has no griddepcontrol)
         results += [check_score_select(device, c, seed + i, tuning=ScoreTuning(select_path=path, pdl=True))
@@ -342,13 +345,15 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
     return results
 
 
-def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None) -> list[CheckResult]:
+def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, scorer: str = "default") -> list[CheckResult]:
     """Every select case (default: SELECT_CASES + MANY_PAGES_CASE) on bf16 queries, once per selection
-    path: the GPU check to run before timing a selection change (`python -m ...triton.checks --select
-    four,three,one`). The interpreter runs a launch's programs one after another, so a race between
+    path, with the score kernel's code path `scorer` (score_select.SCORER_KERNELS): the GPU check to run
+    before timing a selection or scorer change (`python -m ...triton.checks --select four,three,one
+    [--scorer lean]`). The interpreter runs a launch's programs one after another, so a race between
     programs of one kernel shows only here (session 8: `gpu-checks-h200-s8.log`)."""
     cases = SELECT_CASES + [MANY_PAGES_CASE] if cases is None else cases
-    return [check_score_select(device, c, seed + i, torch.bfloat16, tuning=ScoreTuning(select_path=path))
+    return [check_score_select(device, c, seed + i, torch.bfloat16,
+                               tuning=ScoreTuning(select_path=path, **SCORER_KERNELS[scorer]))
             for path in paths for i, c in enumerate(cases)]
 
 
@@ -370,6 +375,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Kernel checks against the torch references.")
     parser.add_argument("--select", metavar="PATHS", help=f"only the select cases on bf16, for these paths "
                         f"(comma-separated, of {', '.join(SELECT_PATHS)})")
+    parser.add_argument("--scorer", default="default", choices=tuple(SCORER_KERNELS),
+                        help="with --select: the score kernel's code path (score_select.SCORER_KERNELS)")
     args = parser.parse_args()
     devices = available_devices()
     if not devices:
@@ -379,7 +386,7 @@ if __name__ == "__main__":
         unknown = [p for p in paths if p not in SELECT_PATHS]
         if unknown:
             sys.exit(f"--select: unknown path(s) {unknown}; choose from {', '.join(SELECT_PATHS)}")
-        battery = select_battery(devices[0], fresh_seed(), paths)
+        battery = select_battery(devices[0], fresh_seed(), paths, scorer=args.scorer)
     else:
         battery = full_battery(devices[0], fresh_seed())
     for result in battery:

@@ -210,6 +210,9 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
         MANTISSA=tuning.mantissa_nibbles,
         WORDS=tuning.word_nibbles and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset),
         COEF_VEC=tuning.coef_vector, COEF_MMA=tuning.coef_mma and rc.rank >= 4 and (fp32 or group >= 8), PDL=tuning.pdl, launch_pdl=tuning.pdl,
+        WORD_PAIRS=tuning.word_pairs, EXP2=tuning.exp2_epilogue,
+        COEF_TWO=tuning.coef_terms == 2 and next_pow2(rc.rank) >= 8,  # K = 2 RP must reach 16
+        ROWS32=tuning.narrow_offsets and summary_rows.numel() < 2**31,
         num_warps=tuning.warps, maxnreg=tuning.maxnreg,
     )
     return chunks

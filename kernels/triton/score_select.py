@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..config import SCORER_KERNELS as _SCORER_KERNEL_NAMES
 from ..config import SELECT_PATHS
 from ._common import enter_dependent, mm
 
@@ -38,6 +39,8 @@ from ._common import enter_dependent, mm
 # (no barriers across warps; 16 programs per SM, each hiding its own latency) took 37.8 us at 128K against
 # 42.2 for 4 warps x 16 pages; with the coefficient contraction on the tensor cores (`_coef_mma`) 29.3
 # (10.0 against 12.8 at 32K). With 4 warps the same contraction gained only 1.5 us.
+LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
+LN2 = tl.constexpr(0.6931471805599453)
 P_TILE = 4  # pages per tile (the dots' M is P * next_pow2(r))
 MAX_CHUNKS = 512  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
 SCORE_CHUNKS = 512  # the default cap: every program slot of a bs1 launch of one-warp programs (4 KV heads: 528)
@@ -76,6 +79,21 @@ class ScoreTuning:
     # padded from r to 16, whose operands go through shared memory. Used where r >= 4 (K = 4 * next_pow2(r))
     # and, on bf16/fp16 dots, G >= 8 (N < 8 is not an mma shape: the GPU check battery failed there).
     coef_mma: bool = True
+    # Instruction diet of session 8 (sm_90 SASS per 4-page tile, `aot.py --opcodes`: 1626 with all four off,
+    # 1402 with the first three, 1276 with all four; untimed on a GPU so far, hence off):
+    # word_pairs: per shift, each word's two codes side by side in K (`_paired_codes`: 4 dots with K = d/4
+    # instead of 8 with K = d/8), so a decoded 32-bit word is already an mma operand register (no PRMT).
+    word_pairs: bool = False
+    # exp2_epilogue: logits in log2 units, scale * log2(e) folded into the per-page and per-token factors
+    # (one FFMA per logit instead of FFMA + FMUL + the exp's own multiply).
+    exp2_epilogue: bool = False
+    # narrow_offsets: row byte offsets in 32-bit math where the rows buffer is under 2 GiB (else 64-bit), and
+    # shifts instead of signed divisions.
+    narrow_offsets: bool = False
+    # coef_terms: bf16 terms of V^T q in the coefficient contraction: 3 carry fp32's 24 bits; 2 carry 16
+    # (relative error <= 2^-17 per product; K = 2 RP instead of 4 RP; only where RP >= 8). 2 is an
+    # approximation the GPU checks' 1e-5 tolerance may see.
+    coef_terms: int = 3
     # Selection after the score kernel (config.SELECT_PATHS): "four" (topk.py: keys, gather, resolve,
     # finalize), "three" (the same, the pair's last resolve program finalizes), "one" (topk_one.py: keys
     # per chunk, the pair's last program selects) or "row" (keys, then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
@@ -101,6 +119,8 @@ class ScoreTuning:
     coarse_pick: bool = True
 
     def __post_init__(self) -> None:
+        if self.coef_terms not in (2, 3):
+            raise ValueError(f"coef_terms {self.coef_terms} must be 2 or 3 (bf16 terms of V^T q)")
         if self.select_path not in SELECT_PATHS:
             raise ValueError(f"select_path {self.select_path!r} must be one of {SELECT_PATHS}")
         for name in ("max_chunks", "select_chunks"):
@@ -113,6 +133,13 @@ class ScoreTuning:
 
 
 DEFAULT_TUNING = ScoreTuning()
+# config.SCORER_KERNELS -> the ScoreTuning fields each name sets (the backend's `scorer_kernel` setting).
+SCORER_KERNELS: dict[str, dict] = {
+    "default": {},
+    "lean": {"word_pairs": True, "exp2_epilogue": True, "narrow_offsets": True},
+    "lean2": {"word_pairs": True, "exp2_epilogue": True, "narrow_offsets": True, "coef_terms": 2},
+}
+assert tuple(SCORER_KERNELS) == _SCORER_KERNEL_NAMES
 
 
 def word_decode_fits(basis_bits: int, head_dim: int, row_bytes: int, basis_offset: int) -> bool:
@@ -219,17 +246,24 @@ def _mma(a, b, acc, FP32: tl.constexpr):
 
 
 @triton.jit
-def _coef_mma(coef, vq, P: tl.constexpr, B: tl.constexpr, RP: tl.constexpr, G_DOT: tl.constexpr, FP32: tl.constexpr):
+def _coef_mma(coef, vq, P: tl.constexpr, B: tl.constexpr, RP: tl.constexpr, G_DOT: tl.constexpr, FP32: tl.constexpr,
+              TWO_TERMS: tl.constexpr = False):
     """acc[p, i, g] = sum_c coef[p, i, c] * vq[p * RP + c, g] ([P, B, RP] x [P * RP, G_DOT] -> fp32 [P, B, G_DOT])
     as one batched tensor-core dot with K = 4 RP: K segment j holds term j of vq = hi + mid + lo (bf16 each,
     24 significant bits in all: the fp32 result up to its last bit or so; segment 3 is zero) and the
     coefficients repeat in every segment (int8 codes are exact in bf16). With FP32 the terms are fp32
-    (mid = lo = 0) and the dot runs ieee: the interpreter's path, and the fp16-format one."""
+    (mid = lo = 0) and the dot runs ieee: the interpreter's path, and the fp16-format one. TWO_TERMS
+    (ScoreTuning.coef_terms = 2): hi + mid only, K = 2 RP (16 significant bits)."""
     SPLIT_T = tl.float32 if FP32 else tl.bfloat16
     v = tl.reshape(vq, [P, RP, G_DOT])
     hi = v.to(SPLIT_T)
     rest = v - hi.to(tl.float32)
     mid = rest.to(SPLIT_T)
+    if TWO_TERMS:  # hi + mid: 16 significant bits, K = 2 RP
+        terms = tl.reshape(tl.permute(tl.join(hi, mid), (0, 3, 1, 2)), [P, 2 * RP, G_DOT])  # k = term * RP + c
+        a = coef.to(tl.float32).to(SPLIT_T)
+        a = tl.reshape(tl.permute(tl.join(a, a), (0, 1, 3, 2)), [P, B, 2 * RP])
+        return _mma(a, terms, tl.zeros([P, B, G_DOT], tl.float32), FP32)
     lo = (rest - mid.to(tl.float32)).to(SPLIT_T)
     terms = tl.join(tl.join(hi, mid), tl.join(lo, tl.zeros_like(lo)))  # [P, RP, G, 2 (i), 2 (a)]: term i + 2a
     terms = tl.reshape(tl.permute(terms, (0, 4, 3, 1, 2)), [P, 4 * RP, G_DOT])  # k = term * RP + c
@@ -249,6 +283,49 @@ def _q_part(q_cols, OFF: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.conste
 
 
 @triton.jit
+def _row_offset(blk, num_kv_heads, h, row_bytes, ROWS32: tl.constexpr):
+    """Byte offset of a (block, KV head) summary row. ROWS32 (the rows buffer is under 2 GiB): 32-bit
+    products, one IMAD each; else 64-bit, ~8 instructions per offset (the scorer computes ~20 per tile)."""
+    if ROWS32:
+        return (blk * num_kv_heads + h) * row_bytes
+    else:
+        return (blk.to(tl.int64) * num_kv_heads + h) * row_bytes
+
+
+@triton.jit
+def _halves(offset, ROWS32: tl.constexpr):
+    """A row byte offset (even, >= 0) in 2-byte elements: a shift where the signed division needs a fix-up."""
+    if ROWS32:
+        return offset >> 1
+    else:
+        return offset // 2
+
+
+@triton.jit
+def _words(offset, ROWS32: tl.constexpr):
+    """A row byte offset (a multiple of 4, >= 0) in 4-byte words (see `_halves`)."""
+    if ROWS32:
+        return offset >> 2
+    else:
+        return offset // 4
+
+
+@triton.jit
+def _paired_codes(words, SHIFT: tl.constexpr, M: tl.constexpr, D_PAD: tl.constexpr, DOT_T: tl.constexpr):
+    """[M, D/8] words -> [M, D/4]: column 2j + c is half c of word j's `_word_codes(SHIFT)` (dim 8j + SHIFT/4
+    + 4c). A 16-bit pair is then one 32-bit register, as an mma operand holds consecutive K."""
+    lo, hi = _word_codes(words, SHIFT, DOT_T)
+    return tl.reshape(tl.join(lo, hi), [M, D_PAD // 4])
+
+
+@triton.jit
+def _q_pair(q_cols, S: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.constexpr):
+    """q^T rows in `_paired_codes`' K order for shift 4S: row 2j + c is dim 8j + S + 4c."""
+    k = tl.arange(0, D_PAD // 4)
+    return tl.load(q_cols + ((k // 2) * 8 + S + 4 * (k % 2))[:, None], mask=gm[None, :], other=0.0).to(DOT_T)
+
+
+@triton.jit
 def _score_kernel(
     q_ptr, rows_u8, rows_i8, rows_f16, block_table_ptr, seq_lens_ptr,
     scores_ptr, chunk_max_ptr, chunk_sum_ptr,
@@ -258,7 +335,8 @@ def _score_kernel(
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, STAGES: tl.constexpr = 1, MANTISSA: tl.constexpr = True,
     WORDS: tl.constexpr = False, COEF_VEC: tl.constexpr = False, PDL: tl.constexpr = False,
-    COEF_MMA: tl.constexpr = False,
+    COEF_MMA: tl.constexpr = False, WORD_PAIRS: tl.constexpr = False, EXP2: tl.constexpr = False,
+    COEF_TWO: tl.constexpr = False, ROWS32: tl.constexpr = False,
 ):
     enter_dependent(PDL)
     pair = tl.program_id(0)
@@ -296,6 +374,10 @@ def _score_kernel(
     q_w6 = _q_part(q_cols, 6, D_PAD, gm, DOT_T)
     q_w3 = _q_part(q_cols, 3, D_PAD, gm, DOT_T)
     q_w7 = _q_part(q_cols, 7, D_PAD, gm, DOT_T)
+    q_p0 = _q_pair(q_cols, 0, D_PAD, gm, DOT_T)
+    q_p1 = _q_pair(q_cols, 1, D_PAD, gm, DOT_T)
+    q_p2 = _q_pair(q_cols, 2, D_PAD, gm, DOT_T)
+    q_p3 = _q_pair(q_cols, 3, D_PAD, gm, DOT_T)
     jw = tl.arange(0, D_PAD // 8)
     rows_i32 = rows_u8.to(tl.pointer_type(tl.int32))
     tok = tl.arange(0, B)
@@ -318,37 +400,37 @@ def _score_kernel(
     for t in tl.range(t_begin, t_end, num_stages=STAGES):
         page = t * P + tl.arange(0, P)
         pm = page < n_full
-        blk = tl.load(block_table_ptr + s * s_bt + page, mask=pm, other=0).to(tl.int64)
-        row = (blk * num_kv_heads + h) * row_bytes  # [P] byte offset of each page's row
+        blk = tl.load(block_table_ptr + s * s_bt + page, mask=pm, other=0)
+        row = _row_offset(blk, num_kv_heads, h, row_bytes, ROWS32)  # [P] byte offset of each page's row
         page_n = t * P + n_page
         nm = (page_n < n_full) & (n_col < R)
-        blk_n = tl.load(block_table_ptr + s * s_bt + page_n, mask=page_n < n_full, other=0).to(tl.int64)
-        row_n = (blk_n * num_kv_heads + h) * row_bytes  # [P*RP] the same rows, per (page, column)
+        blk_n = tl.load(block_table_ptr + s * s_bt + page_n, mask=page_n < n_full, other=0)
+        row_n = _row_offset(blk_n, num_kv_heads, h, row_bytes, ROWS32)  # [P*RP] the same rows, per (page, column)
         # The coefficient block is addressed in its own 3D layout (block ids loaded again, L1 hits)
         # so its loads need no layout shuffle of `row` (a barrier) before they can issue.
         page3 = t * P + tl.arange(0, P)[:, None, None]
-        blk3 = tl.load(block_table_ptr + s * s_bt + page3, mask=page3 < n_full, other=0).to(tl.int64)
-        row3 = (blk3 * num_kv_heads + h) * row_bytes
+        blk3 = tl.load(block_table_ptr + s * s_bt + page3, mask=page3 < n_full, other=0)
+        row3 = _row_offset(blk3, num_kv_heads, h, row_bytes, ROWS32)
         coef_idx = tok[None, :, None] * R + c3_col[None, None, :]  # [P, B, KC] element index inside the [B, r] block
         coef_mask = (page3 < n_full) & c3_ok[None, None, :]
         if BITS == 16:
-            mu = tl.load(rows_f16 + row[:, None] // 2 + d[None, :], mask=pm[:, None] & dm[None, :], other=0.0)
-            v = tl.load(rows_f16 + row_n[:, None] // 2 + BASIS_OFF // 2 + n_col[:, None] * D + d[None, :],
+            mu = tl.load(rows_f16 + _halves(row, ROWS32)[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0.0)
+            v = tl.load(rows_f16 + _halves(row_n, ROWS32)[:, None] + BASIS_OFF // 2 + n_col[:, None] * D + d[None, :],
                         mask=nm[:, None] & dm[None, :], other=0.0)
             if COEF_MMA or COEF_VEC:  # [P, B, RP]: each token's coefficients in one vector load
                 cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
-                coef = tl.load(rows_f16 + (row3 + COEF_OFF) // 2 + cv_idx, mask=cv_mask, other=0.0)
+                coef = tl.load(rows_f16 + _halves(row3 + COEF_OFF, ROWS32) + cv_idx, mask=cv_mask, other=0.0)
                 if not COEF_MMA:
                     coef = _spread_columns(coef, f_pad, P, B, KC)
             else:
-                coef = tl.load(rows_f16 + (row3 + COEF_OFF) // 2 + coef_idx, mask=coef_mask, other=0.0).to(tl.float32)
+                coef = tl.load(rows_f16 + _halves(row3 + COEF_OFF, ROWS32) + coef_idx, mask=coef_mask, other=0.0).to(tl.float32)
             q_mu = mm(mu.to(tl.float32), q_full, True)  # [P, G_DOT]
             vq = mm(v.to(tl.float32), q_full, True)  # [P*RP, G_DOT]
             tok_scale = tl.full([P, B], 1.0, tl.float32)
         else:
-            f_scales = (row + SCALE_OFF) // 2
+            f_scales = _halves(row + SCALE_OFF, ROWS32)
             mu_scale = tl.load(rows_f16 + f_scales, mask=pm, other=0.0).to(tl.float32)
-            col_scale = tl.load(rows_f16 + (row_n + SCALE_OFF) // 2 + 1 + B + n_col, mask=nm, other=0.0).to(tl.float32)
+            col_scale = tl.load(rows_f16 + _halves(row_n + SCALE_OFF, ROWS32) + 1 + B + n_col, mask=nm, other=0.0).to(tl.float32)
             tok_scale = tl.load(rows_f16 + f_scales[:, None] + 1 + tok[None, :], mask=pm[:, None], other=0.0)
             if COEF_MMA or COEF_VEC:  # [P, B, RP]: each token's coefficients in one vector load
                 cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
@@ -361,7 +443,7 @@ def _score_kernel(
             # right after its load, and loads after a shuffle wait for the shuffled data.
             if BITS == 4:  # bytes of 2 codes, or on the word path 32-bit words of 8
                 if WORDS:  # other: code 8 in every nibble (value 0)
-                    words = tl.load(rows_i32 + (row_n[:, None] + BASIS_OFF) // 4 + n_col[:, None] * (D // 8) + jw[None, :],
+                    words = tl.load(rows_i32 + _words(row_n[:, None] + BASIS_OFF, ROWS32) + n_col[:, None] * (D // 8) + jw[None, :],
                                      mask=nm[:, None], other=-2004318072)
                 else:
                     packed = tl.load(rows_u8 + row_n[:, None] + BASIS_OFF + n_col[:, None] * (D // 2) + jh[None, :],
@@ -372,7 +454,12 @@ def _score_kernel(
             mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
             q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
             if BITS == 4:
-                if WORDS:  # the eight K = d/8 products accumulate in the dot (no separate adds)
+                if WORDS and WORD_PAIRS:  # per shift, each word's two codes side by side in K: four dots, K = d/4
+                    vq = _mma(_paired_codes(words, 0, P * RP, D_PAD, DOT_T), q_p0, tl.zeros([P * RP, G_DOT], tl.float32), FP32)
+                    vq = _mma(_paired_codes(words, 4, P * RP, D_PAD, DOT_T), q_p1, vq, FP32)
+                    vq = _mma(_paired_codes(words, 8, P * RP, D_PAD, DOT_T), q_p2, vq, FP32)
+                    vq = _mma(_paired_codes(words, 12, P * RP, D_PAD, DOT_T), q_p3, vq, FP32)
+                elif WORDS:  # the eight K = d/8 products accumulate in the dot (no separate adds)
                     lo, hi = _word_codes(words, 0, DOT_T)
                     vq = _mma(hi, q_w4, _mma(lo, q_w0, tl.zeros([P * RP, G_DOT], tl.float32), FP32), FP32)
                     lo, hi = _word_codes(words, 4, DOT_T)
@@ -395,19 +482,30 @@ def _score_kernel(
             tok_scale = tok_scale.to(tl.float32)
         # Coefficient contraction: acc[p, i, g] = sum_c (V^T q)[p, c, g] * C[p, i, c].
         if COEF_MMA:
-            acc = _coef_mma(coef, vq, P, B, RP, G_DOT, FP32)
+            acc = _coef_mma(coef, vq, P, B, RP, G_DOT, FP32, COEF_TWO)
         else:  # on CUDA cores (an fp32 FMA dot)
             vq_pad = tl.where((f_pad == 0)[None, None, :, None], tl.reshape(vq, [P, RP, 1, G_DOT]), 0.0)
             acc = tl.dot(coef, tl.reshape(vq_pad, [P, KC, G_DOT]), input_precision="ieee")  # [P, B, G_DOT]
-        logits = (q_mu[:, None, :] + acc * tok_scale[:, :, None]) * scale  # [P, B, G_DOT]
-        page_max = tl.max(logits, axis=1)
-        score = page_max + tl.log(tl.sum(tl.exp(logits - page_max[:, None, :]), axis=1))  # [P, G_DOT]
-        score = tl.where(pm[:, None], score, float("-inf"))
         out = scores_ptr + (pair.to(tl.int64) * max_pages + page[:, None]) * GS + g[None, :]
-        tl.store(out, score, mask=pm[:, None] & gm[None, :])
-        new_max = tl.maximum(run_max, tl.max(score, axis=0))
-        run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(score - new_max[None, :]), axis=0)
+        if EXP2:  # log2 units, scale * log2(e) folded into the [P, G] and [P, B] factors: one FFMA per logit
+            logits = (q_mu * (scale * LOG2E))[:, None, :] + acc * (tok_scale * (scale * LOG2E))[:, :, None]
+            page_max = tl.max(logits, axis=1)
+            score = page_max + tl.log2(tl.sum(tl.exp2(logits - page_max[:, None, :]), axis=1))  # [P, G_DOT]
+            score = tl.where(pm[:, None], score, float("-inf"))
+            tl.store(out, score * LN2, mask=pm[:, None] & gm[None, :])
+            new_max = tl.maximum(run_max, tl.max(score, axis=0))
+            run_sum = run_sum * tl.exp2(run_max - new_max) + tl.sum(tl.exp2(score - new_max[None, :]), axis=0)
+        else:
+            logits = (q_mu[:, None, :] + acc * tok_scale[:, :, None]) * scale  # [P, B, G_DOT]
+            page_max = tl.max(logits, axis=1)
+            score = page_max + tl.log(tl.sum(tl.exp(logits - page_max[:, None, :]), axis=1))  # [P, G_DOT]
+            score = tl.where(pm[:, None], score, float("-inf"))
+            tl.store(out, score, mask=pm[:, None] & gm[None, :])
+            new_max = tl.maximum(run_max, tl.max(score, axis=0))
+            run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(score - new_max[None, :]), axis=0)
         run_max = new_max
+    if EXP2:
+        run_max = run_max * LN2  # the chunk max in natural-log units (run_sum is the same in both)
     part = (pair * MAXC + chunk) * GS + g
     tl.store(chunk_max_ptr + part, run_max, mask=g < GS)
     tl.store(chunk_sum_ptr + part, run_sum, mask=g < GS)

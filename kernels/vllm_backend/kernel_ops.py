@@ -131,12 +131,12 @@ class TritonOps:
 
     name = "triton"
 
-    def __init__(self, select: str = SELECT_PATHS[0], pdl: bool = False) -> None:
+    def __init__(self, select: str = SELECT_PATHS[0], pdl: bool = False, scorer_kernel: str = "default") -> None:
         from ..triton import ops  # noqa: PLC0415 - CUDA only
-        from ..triton.score_select import DEFAULT_TUNING  # noqa: PLC0415
+        from ..triton.score_select import DEFAULT_TUNING, SCORER_KERNELS  # noqa: PLC0415
 
         self._ops = ops
-        self._tuning = replace(DEFAULT_TUNING, select_path=select, pdl=pdl)
+        self._tuning = replace(DEFAULT_TUNING, select_path=select, pdl=pdl, **SCORER_KERNELS[scorer_kernel])
 
     def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> Any:
         group = shape.num_q_heads // shape.num_kv_heads
@@ -164,9 +164,11 @@ class TritonOps:
                                       pdl=self._tuning.pdl)
 
 
-def ops_for_device(device: torch.device | str, select: str = SELECT_PATHS[0], pdl: bool = False) -> KernelOps:
-    """Triton on CUDA (selection kernels `select`, programmatic dependent launch `pdl`), the reference elsewhere."""
-    return TritonOps(select, pdl) if torch.device(device).type == "cuda" else ReferenceOps()
+def ops_for_device(device: torch.device | str, select: str = SELECT_PATHS[0], pdl: bool = False,
+                   scorer_kernel: str = "default") -> KernelOps:
+    """Triton on CUDA (selection kernels `select`, programmatic dependent launch `pdl`, the score kernel's
+    code path `scorer_kernel`), the reference elsewhere."""
+    return TritonOps(select, pdl, scorer_kernel) if torch.device(device).type == "cuda" else ReferenceOps()
 
 
 def timed_host_ms(fn, *args) -> float:

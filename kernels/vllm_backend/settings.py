@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..config import (
+    SCORER_KERNELS,
     SELECT_PATHS,
     ConfigError,
     LocksConfig,
@@ -28,7 +29,7 @@ ADDITIONAL_CONFIG_KEY = "locks"
 # read the paged keys themselves (quality comparisons, eager only).
 BACKEND_SCORERS: tuple[str, ...] = ("locks", "oracle", "quest", "centroid")
 KEY_READING_SCORERS: frozenset[str] = frozenset({"oracle", "quest", "centroid"})
-_KEYS = ("format", "budget", "combine", "scorer", "select", "pdl", "debug_capture_layers")
+_KEYS = ("format", "budget", "combine", "scorer", "select", "pdl", "scorer_kernel", "debug_capture_layers")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class BackendSettings:
     are the same on every path, only launches and time differ.
     pdl: the decode kernels use programmatic dependent launch (sm_90; each kernel's programs are
     scheduled while the previous one finishes). Same results; within 1% in the H200 pair of session 6, so off.
+    scorer_kernel: the score kernel's code path (config.SCORER_KERNELS): "default", or the instruction
+    diets "lean" (same scores up to fp32 rounding) and "lean2" (V^T q to 16 bits); untimed in an engine so far.
     debug_capture_layers: layer indices whose per-step decode inputs/outputs are kept for checks
     (eager only; see `debug.py`). Empty in production.
     """
@@ -46,6 +49,7 @@ class BackendSettings:
     locks: LocksConfig = field(default_factory=LocksConfig)
     select: str = SELECT_PATHS[0]
     pdl: bool = False
+    scorer_kernel: str = SCORER_KERNELS[0]
     debug_capture_layers: tuple[int, ...] = ()
 
     @property
@@ -58,6 +62,7 @@ class BackendSettings:
         return (
             f"scorer={self.locks.scorer} format={self.locks.summary} budget={sel.budget_tokens} "
             f"(k={sel.page_budget} pages of {sel.page_size}) combine={sel.combine} select={self.select} pdl={self.pdl} "
+            f"scorer_kernel={self.scorer_kernel} "
             f"debug_capture_layers={list(self.debug_capture_layers)}"
         )
 
@@ -87,6 +92,9 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
     pdl = raw.get("pdl", False)
     if not isinstance(pdl, bool):
         raise ConfigError(f"pdl must be true or false (programmatic dependent launch of the decode kernels), got {pdl!r}")
+    scorer_kernel = raw.get("scorer_kernel", SCORER_KERNELS[0])
+    if scorer_kernel not in SCORER_KERNELS:
+        raise ConfigError(f"scorer_kernel {scorer_kernel!r} unknown; use one of {', '.join(SCORER_KERNELS)} (the score kernel's code path)")
     layers = raw.get("debug_capture_layers", ())
     if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and i >= 0 for i in layers):
         raise ConfigError(f"debug_capture_layers must be a list of layer indices, got {layers!r}")
@@ -95,7 +103,8 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
         selection=SelectionConfig(budget_tokens=budget, combine=combine),
         scorer=scorer,
     )
-    return BackendSettings(locks=locks, select=select, pdl=pdl, debug_capture_layers=tuple(layers))
+    return BackendSettings(locks=locks, select=select, pdl=pdl, scorer_kernel=scorer_kernel,
+                           debug_capture_layers=tuple(layers))
 
 
 def settings_from_vllm_config(vllm_config: Any) -> BackendSettings:
