@@ -304,11 +304,13 @@ def test_checks_cli_names_the_paths_when_one_is_unknown():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tuning", LEAN_VARIANTS, ids=lambda t: f"terms{t.coef_terms}")
-@pytest.mark.parametrize("case", WORD_CASES[:2] + [SELECT_CASES[4]], ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-n{sum(c.seq_lens)}")
+@pytest.mark.parametrize("case", WORD_CASES[:2] + [SELECT_CASES[4], SELECT_CASES[2], SELECT_CASES[8]],
+                         ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-n{sum(c.seq_lens)}")
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 def test_lean_scorer_selects_what_the_reference_selects(device, tuning, case, q_dtype):
     """Paired int4 codes, the log2 epilogue and 32-bit row offsets (and two bf16 terms of V^T q) select
-    what the fp64 reference selects: on the word path (d = 128) and, for G = 8, the tensor-core contraction."""
+    what the fp64 reference selects: on the word path (d = 128), for G = 8 the tensor-core contraction,
+    and the fp16 and int8 formats (their rows addressed in 2-byte and 1-byte units)."""
     result = check_score_select(device, case, fresh_seed(), q_dtype=q_dtype, tuning=tuning)
     assert result.ok, str(result)
 

@@ -285,7 +285,7 @@ def _q_part(q_cols, OFF: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.conste
 @triton.jit
 def _row_offset(blk, num_kv_heads, h, row_bytes, ROWS32: tl.constexpr):
     """Byte offset of a (block, KV head) summary row. ROWS32 (the rows buffer is under 2 GiB): 32-bit
-    products, one IMAD each; else 64-bit, ~8 instructions per offset (the scorer computes ~20 per tile)."""
+    products, one IMAD each; else 64-bit products, several instructions each."""
     if ROWS32:
         return (blk * num_kv_heads + h) * row_bytes
     else:
@@ -293,21 +293,13 @@ def _row_offset(blk, num_kv_heads, h, row_bytes, ROWS32: tl.constexpr):
 
 
 @triton.jit
-def _halves(offset, ROWS32: tl.constexpr):
-    """A row byte offset (even, >= 0) in 2-byte elements: a shift where the signed division needs a fix-up."""
+def _in_units(offset, LOG2_SIZE: tl.constexpr, ROWS32: tl.constexpr):
+    """A row byte offset (>= 0, a multiple of the unit) in units of 2^LOG2_SIZE bytes: a shift on the
+    32-bit path, where the 64-bit signed division needs a fix-up."""
     if ROWS32:
-        return offset >> 1
+        return offset >> LOG2_SIZE
     else:
-        return offset // 2
-
-
-@triton.jit
-def _words(offset, ROWS32: tl.constexpr):
-    """A row byte offset (a multiple of 4, >= 0) in 4-byte words (see `_halves`)."""
-    if ROWS32:
-        return offset >> 2
-    else:
-        return offset // 4
+        return offset // (1 << LOG2_SIZE)
 
 
 @triton.jit
@@ -414,23 +406,23 @@ def _score_kernel(
         coef_idx = tok[None, :, None] * R + c3_col[None, None, :]  # [P, B, KC] element index inside the [B, r] block
         coef_mask = (page3 < n_full) & c3_ok[None, None, :]
         if BITS == 16:
-            mu = tl.load(rows_f16 + _halves(row, ROWS32)[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0.0)
-            v = tl.load(rows_f16 + _halves(row_n, ROWS32)[:, None] + BASIS_OFF // 2 + n_col[:, None] * D + d[None, :],
+            mu = tl.load(rows_f16 + _in_units(row, 1, ROWS32)[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0.0)
+            v = tl.load(rows_f16 + _in_units(row_n, 1, ROWS32)[:, None] + BASIS_OFF // 2 + n_col[:, None] * D + d[None, :],
                         mask=nm[:, None] & dm[None, :], other=0.0)
             if COEF_MMA or COEF_VEC:  # [P, B, RP]: each token's coefficients in one vector load
                 cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
-                coef = tl.load(rows_f16 + _halves(row3 + COEF_OFF, ROWS32) + cv_idx, mask=cv_mask, other=0.0)
+                coef = tl.load(rows_f16 + _in_units(row3 + COEF_OFF, 1, ROWS32) + cv_idx, mask=cv_mask, other=0.0)
                 if not COEF_MMA:
                     coef = _spread_columns(coef, f_pad, P, B, KC)
             else:
-                coef = tl.load(rows_f16 + _halves(row3 + COEF_OFF, ROWS32) + coef_idx, mask=coef_mask, other=0.0).to(tl.float32)
+                coef = tl.load(rows_f16 + _in_units(row3 + COEF_OFF, 1, ROWS32) + coef_idx, mask=coef_mask, other=0.0).to(tl.float32)
             q_mu = mm(mu.to(tl.float32), q_full, True)  # [P, G_DOT]
             vq = mm(v.to(tl.float32), q_full, True)  # [P*RP, G_DOT]
             tok_scale = tl.full([P, B], 1.0, tl.float32)
         else:
-            f_scales = _halves(row + SCALE_OFF, ROWS32)
+            f_scales = _in_units(row + SCALE_OFF, 1, ROWS32)
             mu_scale = tl.load(rows_f16 + f_scales, mask=pm, other=0.0).to(tl.float32)
-            col_scale = tl.load(rows_f16 + _halves(row_n + SCALE_OFF, ROWS32) + 1 + B + n_col, mask=nm, other=0.0).to(tl.float32)
+            col_scale = tl.load(rows_f16 + _in_units(row_n + SCALE_OFF, 1, ROWS32) + 1 + B + n_col, mask=nm, other=0.0).to(tl.float32)
             tok_scale = tl.load(rows_f16 + f_scales[:, None] + 1 + tok[None, :], mask=pm[:, None], other=0.0)
             if COEF_MMA or COEF_VEC:  # [P, B, RP]: each token's coefficients in one vector load
                 cv_idx, cv_mask = _token_vectors(tok, page3, n_full, R, RP)
@@ -443,7 +435,7 @@ def _score_kernel(
             # right after its load, and loads after a shuffle wait for the shuffled data.
             if BITS == 4:  # bytes of 2 codes, or on the word path 32-bit words of 8
                 if WORDS:  # other: code 8 in every nibble (value 0)
-                    words = tl.load(rows_i32 + _words(row_n[:, None] + BASIS_OFF, ROWS32) + n_col[:, None] * (D // 8) + jw[None, :],
+                    words = tl.load(rows_i32 + _in_units(row_n[:, None] + BASIS_OFF, 2, ROWS32) + n_col[:, None] * (D // 8) + jw[None, :],
                                      mask=nm[:, None], other=-2004318072)
                 else:
                     packed = tl.load(rows_u8 + row_n[:, None] + BASIS_OFF + n_col[:, None] * (D // 2) + jh[None, :],
