@@ -350,3 +350,16 @@ def test_paired_codes_and_query_rows_pair_the_same_dims(device):
     assert torch.allclose(got, want, rtol=0, atol=1e-9), (got - want).abs().max()
     # each query element appears once over the four shifts
     assert torch.equal(torch.sort(qrows.flatten()).values, torch.sort(q.double()).values)
+
+
+@pytest.mark.parametrize("device", [d for d in DEVICES if d == "cpu"] or [pytest.param("cpu", marks=pytest.mark.skip(reason="interpreter only"))])
+@pytest.mark.parametrize("path", ["one", "three", "four"])
+def test_selection_does_not_depend_on_the_order_programs_run_in(device, path):
+    """The paths whose last program to arrive finishes the pair (one, three) or whose programs share
+    counters (four), with every launch's programs run in reverse grid order (`reversed_program_order`)."""
+    from locks_toolkit.kernels.triton.checks import reversed_program_order
+
+    with reversed_program_order():
+        for case in (SELECT_CASES[0], SELECT_CASES[4], SELECT_CASES[6]):
+            result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path=path))
+            assert result.ok, str(result)

@@ -8,6 +8,8 @@ and `locks bench kernel` runs a few on the GPU before timing anything.
 
 from __future__ import annotations
 
+import contextlib
+
 import logging
 from dataclasses import dataclass, field
 
@@ -355,6 +357,29 @@ def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, score
     return [check_score_select(device, c, seed + i, torch.bfloat16,
                                tuning=ScoreTuning(select_path=path, **SCORER_KERNELS[scorer]))
             for path in paths for i, c in enumerate(cases)]
+
+
+@contextlib.contextmanager
+def reversed_program_order():
+    """Under TRITON_INTERPRET=1 a launch runs its programs one after another in grid order, so a kernel
+    that assumes which program of a launch runs last (instead of asking an arrival counter) passes by
+    luck of that order. Inside this block every launch runs them in reverse: program (x, y, z) runs as
+    (nx-1-x, ny-1-y, nz-1-z). Races between programs running at once, or between the warps of one
+    program, stay invisible to the interpreter (the GPU checks: `select_battery`)."""
+    from triton.runtime import interpreter  # noqa: PLC0415 - the interpreter only
+
+    builder = interpreter.interpreter_builder
+    forward = builder.set_grid_idx
+
+    def reverse(x, y, z):
+        nx, ny, nz = builder.grid_dim
+        forward(nx - 1 - x, ny - 1 - y, nz - 1 - z)
+
+    builder.set_grid_idx = reverse
+    try:
+        yield
+    finally:
+        builder.set_grid_idx = forward
 
 
 def available_devices() -> list[str]:
