@@ -9,7 +9,6 @@ and `locks bench kernel` runs a few on the GPU before timing anything.
 from __future__ import annotations
 
 import contextlib
-
 import logging
 from dataclasses import dataclass, field
 

@@ -283,6 +283,33 @@ def _q_part(q_cols, OFF: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.conste
 
 
 @triton.jit
+def _exp_in(x, LOG2_UNITS: tl.constexpr):
+    """e^x, or 2^x for x in log2 units (the scorer's exp2 epilogue)."""
+    if LOG2_UNITS:
+        return tl.exp2(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _log_in(x, LOG2_UNITS: tl.constexpr):
+    """ln x, or log2 x (see `_exp_in`)."""
+    if LOG2_UNITS:
+        return tl.log2(x)
+    else:
+        return tl.log(x)
+
+
+@triton.jit
+def _natural(x, LOG2_UNITS: tl.constexpr):
+    """A log-domain value in natural-log units (x itself unless it is in log2 units)."""
+    if LOG2_UNITS:
+        return x * LN2
+    else:
+        return x
+
+
+@triton.jit
 def _row_offset(blk, num_kv_heads, h, row_bytes, ROWS32: tl.constexpr):
     """Byte offset of a (block, KV head) summary row. ROWS32 (the rows buffer is under 2 GiB): 32-bit
     products, one IMAD each; else 64-bit products, several instructions each."""
@@ -481,23 +508,16 @@ def _score_kernel(
         out = scores_ptr + (pair.to(tl.int64) * max_pages + page[:, None]) * GS + g[None, :]
         if EXP2:  # log2 units, scale * log2(e) folded into the [P, G] and [P, B] factors: one FFMA per logit
             logits = (q_mu * (scale * LOG2E))[:, None, :] + acc * (tok_scale * (scale * LOG2E))[:, :, None]
-            page_max = tl.max(logits, axis=1)
-            score = page_max + tl.log2(tl.sum(tl.exp2(logits - page_max[:, None, :]), axis=1))  # [P, G_DOT]
-            score = tl.where(pm[:, None], score, float("-inf"))
-            tl.store(out, score * LN2, mask=pm[:, None] & gm[None, :])
-            new_max = tl.maximum(run_max, tl.max(score, axis=0))
-            run_sum = run_sum * tl.exp2(run_max - new_max) + tl.sum(tl.exp2(score - new_max[None, :]), axis=0)
         else:
             logits = (q_mu[:, None, :] + acc * tok_scale[:, :, None]) * scale  # [P, B, G_DOT]
-            page_max = tl.max(logits, axis=1)
-            score = page_max + tl.log(tl.sum(tl.exp(logits - page_max[:, None, :]), axis=1))  # [P, G_DOT]
-            score = tl.where(pm[:, None], score, float("-inf"))
-            tl.store(out, score, mask=pm[:, None] & gm[None, :])
-            new_max = tl.maximum(run_max, tl.max(score, axis=0))
-            run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(score - new_max[None, :]), axis=0)
+        page_max = tl.max(logits, axis=1)
+        score = page_max + _log_in(tl.sum(_exp_in(logits - page_max[:, None, :], EXP2), axis=1), EXP2)  # [P, G_DOT]
+        score = tl.where(pm[:, None], score, float("-inf"))
+        tl.store(out, _natural(score, EXP2), mask=pm[:, None] & gm[None, :])
+        new_max = tl.maximum(run_max, tl.max(score, axis=0))
+        run_sum = run_sum * _exp_in(run_max - new_max, EXP2) + tl.sum(_exp_in(score - new_max[None, :], EXP2), axis=0)
         run_max = new_max
-    if EXP2:
-        run_max = run_max * LN2  # the chunk max in natural-log units (run_sum is the same in both)
+    run_max = _natural(run_max, EXP2)  # the chunk max in natural-log units (run_sum is the same in both)
     part = (pair * MAXC + chunk) * GS + g
     tl.store(chunk_max_ptr + part, run_max, mask=g < GS)
     tl.store(chunk_sum_ptr + part, run_sum, mask=g < GS)

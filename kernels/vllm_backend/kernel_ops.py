@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..config import PAGE_SIZE, SELECT_PATHS, scored_pages
+from ..config import PAGE_SIZE, SCORER_KERNELS, SELECT_PATHS, scored_pages
 from ..reference.attention import paged_decode_reference
 from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
 from ..reference.score import summary_page_scores
@@ -131,12 +131,13 @@ class TritonOps:
 
     name = "triton"
 
-    def __init__(self, select: str = SELECT_PATHS[0], pdl: bool = False, scorer_kernel: str = "default") -> None:
+    def __init__(self, select: str = SELECT_PATHS[0], pdl: bool = False, scorer_kernel: str = SCORER_KERNELS[0]) -> None:
         from ..triton import ops  # noqa: PLC0415 - CUDA only
-        from ..triton.score_select import DEFAULT_TUNING, SCORER_KERNELS  # noqa: PLC0415
+        from ..triton.score_select import DEFAULT_TUNING  # noqa: PLC0415
+        from ..triton.score_select import SCORER_KERNELS as TUNING_OF  # noqa: PLC0415 - name -> ScoreTuning fields
 
         self._ops = ops
-        self._tuning = replace(DEFAULT_TUNING, select_path=select, pdl=pdl, **SCORER_KERNELS[scorer_kernel])
+        self._tuning = replace(DEFAULT_TUNING, select_path=select, pdl=pdl, **TUNING_OF[scorer_kernel])
 
     def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> Any:
         group = shape.num_q_heads // shape.num_kv_heads
@@ -165,7 +166,7 @@ class TritonOps:
 
 
 def ops_for_device(device: torch.device | str, select: str = SELECT_PATHS[0], pdl: bool = False,
-                   scorer_kernel: str = "default") -> KernelOps:
+                   scorer_kernel: str = SCORER_KERNELS[0]) -> KernelOps:
     """Triton on CUDA (selection kernels `select`, programmatic dependent launch `pdl`, the score kernel's
     code path `scorer_kernel`), the reference elsewhere."""
     return TritonOps(select, pdl, scorer_kernel) if torch.device(device).type == "cuda" else ReferenceOps()
