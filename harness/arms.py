@@ -157,6 +157,9 @@ _LOCKS_VARIANTS = (
     ("locks-lean", "the score kernel's instruction diet (scorer_kernel='lean': same scores up to fp32 rounding)",
      {"scorer_kernel": "lean"}),
     ("locks-lean2", "the lean score kernel with V^T q in two bf16 terms (scorer_kernel='lean2')", {"scorer_kernel": "lean2"}),
+    ("locks-t", "the transposed score kernel (scorer_kernel='transposed': query heads as the dots' M)",
+     {"scorer_kernel": "transposed"}),
+    ("locks-one-t", "the transposed score kernel and one-launch selection", {"scorer_kernel": "transposed", "select": "one"}),
 )
 for _name, _what, _settings in _LOCKS_VARIANTS:
     register_arm(

@@ -65,6 +65,15 @@ VARIANTS = (
     ScoreTuning(**SCORER_KERNELS["lean"]),
     ScoreTuning(**SCORER_KERNELS["lean2"]),
     ScoreTuning(select_path="one", **SCORER_KERNELS["lean"]),
+    # Query heads as the dots' M (session 9, `score_t.py`): V^T q stays in registers; 1456 SASS per 4-page tile,
+    # 6 shared stores against lean's 70
+    ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4}),  # s9: 27.9 / 12.2 µs at 128K / 32K
+    ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4, "stages": 2}),  # the next tile's loads through cp.async: 29.0 / 13.1
+    ScoreTuning(**SCORER_KERNELS["transposed"]),  # 2-page tiles: half the block-diagonal zeros; s9: 25.8 / 8.9
+    ScoreTuning(select_path="one", **SCORER_KERNELS["transposed"]),
+    ScoreTuning(maxnreg=96, **SCORER_KERNELS["transposed"]),  # 21 programs per SM (no spills), grid still 512 per pair
+    ScoreTuning(maxnreg=96, max_chunks=1024, **SCORER_KERNELS["transposed"]),  # ... and a grid that fills them
+    ScoreTuning(stages=2, **SCORER_KERNELS["transposed"]),
     # Earlier defaults and the launch shapes they beat: docs/results/score-sweep-h200*.md (sessions 1-6).
 )
 
@@ -175,6 +184,7 @@ def _nibble_path(tuning: dict) -> str:
     return (codes + ("+pairs" if tuning.get("word_pairs") and tuning.get("word_nibbles") else "")
             + ("+vec" if tuning.get("coef_vector") else "") + ("+mma" if tuning.get("coef_mma") else "")
             + ("/2t" if tuning.get("coef_terms") == 2 else "") + ("+exp2" if tuning.get("exp2_epilogue") else "")
+            + ("+T" if tuning.get("transposed") else "")
             + ("+o32" if tuning.get("narrow_offsets") else "")
             + ("+prefetch" if tuning.get("prefetch") else ""))  # s7 records: tile t+1's loads issued early (removed: slower)
 

@@ -91,8 +91,9 @@ class SummaryFormat:
 SELECT_PATHS: tuple[str, ...] = ("four", "three", "one", "row")
 # The score kernel's code paths by name (`triton.score_select.SCORER_KERNELS`): "default"; "lean" (paired
 # int4 codes, log2 epilogue, 32-bit row offsets: the same scores up to fp32 rounding, fewer instructions);
-# "lean2" (lean, and V^T q in two bf16 terms: 16 significant bits instead of 24).
-SCORER_KERNELS: tuple[str, ...] = ("default", "lean", "lean2")
+# "lean2" (lean, and V^T q in two bf16 terms: 16 significant bits instead of 24); "transposed" (query heads
+# as the dots' M: V^T q never leaves registers; `triton/score_t.py`).
+SCORER_KERNELS: tuple[str, ...] = ("default", "lean", "lean2", "transposed")
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from ..reference.packing import SummaryLayout
 from . import build as _build
 from . import decode as _decode
 from . import score_select as _ss
+from . import score_t as _score_t
 from . import topk as _sel
 from . import topk_one as _one
 from ._common import (
@@ -200,6 +201,19 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     slots = tuning.programs_per_sm * num_sms(device_index(q))
     chunks = max(1, min(tuning.max_chunks, slots // pairs, cdiv(block_table.shape[1], tuning.tile)))
     rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
+    words = _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset)
+    if tuning.transposed and words and tuning.tile * next_pow2(rc.rank) >= 16:  # the contraction's K = P * RP
+        _score_t._score_t_kernel[(pairs, chunks)](
+            q, rows_u8, rows_i8, rows_f16, block_table, seq_lens, ws.scores, ws.chunk_max, ws.chunk_sum,
+            q.stride(0), q.stride(1), block_table.stride(0), num_kv_heads, rc.row_bytes, ws.max_pages, chunks, scale,
+            G=group, G_DOT=next_pow2(group), GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS, M=max(16, next_pow2(group)),
+            D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE, R=rc.rank,
+            COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
+            P=tuning.tile, RP=next_pow2(rc.rank), FP32=dot_in_fp32(q),
+            ROWS32=tuning.narrow_offsets and summary_rows.numel() < 2**31, PDL=tuning.pdl, launch_pdl=tuning.pdl,
+            num_warps=tuning.warps, num_stages=tuning.stages, maxnreg=tuning.maxnreg,
+        )
+        return chunks
     _ss._score_kernel[(pairs, chunks)](
         q, rows_u8, rows_i8, rows_f16, block_table, seq_lens, ws.scores, ws.chunk_max, ws.chunk_sum,
         q.stride(0), q.stride(1), block_table.stride(0), num_kv_heads, rc.row_bytes, ws.max_pages, chunks, scale,
@@ -208,7 +222,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
         COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
         P=tuning.tile, RP=next_pow2(rc.rank), FP32=(fp32 := dot_in_fp32(q) or rc.basis_bits == 16), STAGES=tuning.stages,
         MANTISSA=tuning.mantissa_nibbles,
-        WORDS=tuning.word_nibbles and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset),
+        WORDS=tuning.word_nibbles and words,
         COEF_VEC=tuning.coef_vector, COEF_MMA=tuning.coef_mma and rc.rank >= 4 and (fp32 or group >= 8), PDL=tuning.pdl, launch_pdl=tuning.pdl,
         WORD_PAIRS=tuning.word_pairs, EXP2=tuning.exp2_epilogue,
         COEF_TWO=tuning.coef_terms == 2 and next_pow2(rc.rank) >= 8,  # K = 2 RP must reach 16

@@ -42,7 +42,7 @@ from ._common import enter_dependent, mm
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)
 P_TILE = 4  # pages per tile (the dots' M is P * next_pow2(r))
-MAX_CHUNKS = 512  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
+MAX_CHUNKS = 1024  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
 SCORE_CHUNKS = 512  # the default cap: every program slot of a bs1 launch of one-warp programs (4 KV heads: 528)
 # Selection chunks per pair at most (topk.py kernels 2-5). Its last pass is O(chunks + k): on the H200
 # (2026-11-29, 128K bs1, coarse picks) selection took 21.9 us over 32 chunks, 23.4 over 64 and 28.6 over
@@ -94,6 +94,12 @@ class ScoreTuning:
     # (relative error <= 2^-17 per product; K = 2 RP instead of 4 RP; only where RP >= 8). 2 is an
     # approximation the GPU checks' 1e-5 tolerance may see.
     coef_terms: int = 3
+    # transposed: query heads as the dots' M (`score_t.py`): V^T q stays in the accumulator's registers as the
+    # coefficient contraction's A operand, one block-diagonal dot per tile, log2 epilogue; int4 word path with
+    # tile * next_pow2(r) >= 16 only (else this kernel runs). coef_terms, word_pairs and exp2_epilogue do not
+    # apply to it. H200 (2026-11-30 s9, bs1): 27.9 / 12.2 µs at 128K / 32K over 4-page tiles, 25.8 / 8.9 over
+    # 2-page tiles, against 29.5 / 10.0 for this kernel.
+    transposed: bool = False
     # Selection after the score kernel (config.SELECT_PATHS): "four" (topk.py: keys, gather, resolve,
     # finalize), "three" (the same, the pair's last resolve program finalizes), "one" (topk_one.py: keys
     # per chunk, the pair's last program selects) or "row" (keys, then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
@@ -138,6 +144,7 @@ SCORER_KERNELS: dict[str, dict] = {
     "default": {},
     "lean": {"word_pairs": True, "exp2_epilogue": True, "narrow_offsets": True},
     "lean2": {"word_pairs": True, "exp2_epilogue": True, "narrow_offsets": True, "coef_terms": 2},
+    "transposed": {"transposed": True, "narrow_offsets": True, "tile": 2},
 }
 assert tuple(SCORER_KERNELS) == _SCORER_KERNEL_NAMES
 
