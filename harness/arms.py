@@ -154,12 +154,13 @@ _LOCKS_VARIANTS = (
     ("locks-pdl", "programmatic dependent launch of its decode kernels (pdl=true)", {"pdl": True}),
     ("locks-one-pdl", "one-launch selection and programmatic dependent launch (select='one', pdl=true)",
      {"select": "one", "pdl": True}),
-    ("locks-lean", "the score kernel's instruction diet (scorer_kernel='lean': same scores up to fp32 rounding)",
+    # Score kernels other than production's "transposed" (session 9's pair ran it as `locks-t`, and `locks-one-t`
+    # with select='one', before it became the default).
+    ("locks-pages", "the score kernel before session 9 (scorer_kernel='pages': pages x basis columns as the dots' M)",
+     {"scorer_kernel": "pages"}),
+    ("locks-lean", "the pages score kernel's instruction diet (scorer_kernel='lean': same scores up to fp32 rounding)",
      {"scorer_kernel": "lean"}),
     ("locks-lean2", "the lean score kernel with V^T q in two bf16 terms (scorer_kernel='lean2')", {"scorer_kernel": "lean2"}),
-    ("locks-t", "the transposed score kernel (scorer_kernel='transposed': query heads as the dots' M)",
-     {"scorer_kernel": "transposed"}),
-    ("locks-one-t", "the transposed score kernel and one-launch selection", {"scorer_kernel": "transposed", "select": "one"}),
 )
 for _name, _what, _settings in _LOCKS_VARIANTS:
     register_arm(

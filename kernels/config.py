@@ -89,11 +89,12 @@ class SummaryFormat:
 # program), "one" (keys, then the pair's last program selects), "row" (keys, then one program per pair).
 # Every path selects the same pages.
 SELECT_PATHS: tuple[str, ...] = ("four", "three", "one", "row")
-# The score kernel's code paths by name (`triton.score_select.SCORER_KERNELS`): "default"; "lean" (paired
-# int4 codes, log2 epilogue, 32-bit row offsets: the same scores up to fp32 rounding, fewer instructions);
-# "lean2" (lean, and V^T q in two bf16 terms: 16 significant bits instead of 24); "transposed" (query heads
-# as the dots' M: V^T q never leaves registers; `triton/score_t.py`).
-SCORER_KERNELS: tuple[str, ...] = ("default", "lean", "lean2", "transposed")
+# The score kernel's code paths by name (`triton.score_select.SCORER_KERNELS`), the production one first:
+# "transposed" (query heads as the dots' M, V^T q never leaves registers, 2-page tiles: `triton/score_t.py`;
+# the H200 pair of session 9: -0.25 ms per step at 128K), "pages" (pages x basis columns as M: the kernel
+# before session 9), "lean" (pages, with paired int4 codes, a log2 epilogue and 32-bit row offsets: the same
+# scores up to fp32 rounding, fewer instructions), "lean2" (lean, and V^T q in two bf16 terms: 16 significant bits).
+SCORER_KERNELS: tuple[str, ...] = ("transposed", "pages", "lean", "lean2")
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ def test_kernels_compile_for_sm90_without_spills():
                           "_finalize_kernel", "_row_select_kernel", "_keys_select_kernel", "_sparse_decode_kernel", "_merge_kernel",
                           "_score_kernel[bytes]", "_score_kernel[fma]", "_score_kernel[pdl]", "_keys_kernel[pdl]",
                           "_sparse_decode_kernel[pdl]", "_resolve_kernel[final]", "_score_kernel[lean]",
-                          "_score_kernel[lean2]"}
+                          "_score_kernel[lean2]", "_score_t_kernel"}
     # PDL: the kernel lets its dependents launch and waits for its predecessor (two griddepcontrol
     # instructions); without it there are none.
     assert all(facts["griddepcontrol"] == (2 if name.endswith("[pdl]") else 0) for name, facts in usage.items()), usage
@@ -44,6 +44,11 @@ def test_kernels_compile_for_sm90_without_spills():
     lean, lean2 = usage["_score_kernel[lean]"], usage["_score_kernel[lean2]"]
     assert score["loop_instructions"] > lean["loop_instructions"] > lean2["loop_instructions"], (score, lean, lean2)
     assert lean2["loop_mma"] < lean["loop_mma"] == score["loop_mma"], (score, lean, lean2)
+    # The transposed kernel (2-page tiles, G = 8 in 16 mma rows): the basis dot 4 shifts x 2 k-steps x 2 n-tiles,
+    # the centroid dot 8 k-steps, the contraction's two terms 1 k-step x 4 n-tiles each; V^T q never goes
+    # through shared memory, so fewer shared stores than the pages kernel's whole tile of 4 pages.
+    t = usage["_score_t_kernel"]
+    assert t["loop_mma"] == 16 + 8 + 8 and t["loop_spill_accesses"] == 0 and t["stack_bytes"] == 0, t
 
 
 def test_loop_opcodes_count_the_largest_loop_only():

@@ -12,10 +12,15 @@ from locks_toolkit.kernels.triton.checks import (
     MANY_PAGES_CASE,
     SCORER_VARIANTS,
     SELECT_CASES,
+    TRANSPOSED_VARIANTS,
     SelectCase,
     available_devices,
     check_score_select,
 )
+from locks_toolkit.kernels.config import SummaryFormat
+from locks_toolkit.kernels.reference.packing import SummaryLayout
+from locks_toolkit.kernels.triton._common import RowConstants
+from locks_toolkit.kernels.triton.ops import transposed_fits
 from locks_toolkit.kernels.triton.score_select import (
     ScoreTuning,
     _nibble_value,
@@ -313,6 +318,33 @@ def test_lean_scorer_selects_what_the_reference_selects(device, tuning, case, q_
     and the fp16 and int8 formats (their rows addressed in 2-byte and 1-byte units)."""
     result = check_score_select(device, case, fresh_seed(), q_dtype=q_dtype, tuning=tuning)
     assert result.ok, str(result)
+
+
+G16_CASE = SelectCase((16 * 45 + 9,), group=16, head_dim=128, page_budget=8, num_kv_heads=2)  # M = G: no spare rows
+G4_CASE = SelectCase((16 * 33 + 3, 16 * 8), group=4, head_dim=128, page_budget=6, num_kv_heads=2)  # rows 4..15 zero
+G2_D256_CASE = SelectCase((16 * 27 + 12,), group=2, head_dim=256, page_budget=6, num_kv_heads=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tuning", TRANSPOSED_VARIANTS, ids=lambda t: f"tile{t.tile}")
+@pytest.mark.parametrize("case", [SELECT_CASES[4], G4_CASE, G16_CASE, G2_D256_CASE, SELECT_CASES[3], SELECT_CASES[1]],
+                         ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-n{sum(c.seq_lens)}")
+def test_transposed_scorer_selects_what_the_reference_selects(device, tuning, case):
+    """Query heads as the dots' M select what the fp64 reference selects: G = 8 (the spare mma rows carry the
+    next term and fold back), G = 4 (zero rows), G = 16 (no spare rows); r2i4 at 2-page tiles (K = P * r < 16)
+    and int8 bases fall back to the pages kernel."""
+    result = check_score_select(device, case, fresh_seed(), q_dtype=torch.bfloat16, tuning=tuning)
+    assert result.ok, str(result)
+
+
+def test_transposed_scorer_runs_where_its_dots_fit():
+    """int4 words (d/8 >= 16, a power of two) and a contraction K = tile * next_pow2(r) >= 16."""
+    t2, t4 = TRANSPOSED_VARIANTS
+    fits = lambda tuning, fmt, d: transposed_fits(tuning, RowConstants.of(SummaryLayout(SummaryFormat.parse(fmt), d)), d)
+    assert fits(t2, "r8i4", 128) and fits(t2, "r8i4", 256) and fits(t4, "r4i4", 128)
+    assert not fits(t2, "r4i4", 128) and not fits(t4, "r2i4", 256)  # K = 8
+    assert not fits(t2, "r8i8", 128) and not fits(t2, "r8i4", 64) and not fits(t2, "r8fp", 128)
+    assert not fits(ScoreTuning(), "r8i4", 128)  # the pages kernel unless asked
 
 
 @triton.jit

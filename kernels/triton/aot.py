@@ -25,11 +25,13 @@ from ..reference.packing import SummaryLayout
 from . import build as _build
 from . import decode as _decode
 from . import score_select as _ss
+from . import score_t as _score_t
 from . import topk as _topk
 from . import topk_one as _one
 from ._common import FP32_EPS, RowConstants, next_pow2
 
 SM90 = GPUTarget("cuda", 90, 32)
+_TRANSPOSED = _ss.ScoreTuning(**_ss.SCORER_KERNELS["transposed"])  # the backend's score kernel
 
 # Integer arguments that production launches pass as multiples of 16 (strides of vLLM's
 # [blocks, 16, Hkv, d] caches and of contiguous q/out, block-table width, row bytes, k, chunk
@@ -37,6 +39,7 @@ SM90 = GPUTarget("cuda", 90, 32)
 PRODUCTION_HINTS: dict[str, dict[str, int]] = {
     "_build_kernel": {"s_blk": 16, "s_tok": 16, "s_head": 16, "s_dim": 1, "row_bytes": 16},
     "_score_kernel": {"s_qs": 16, "s_qh": 16, "s_bt": 16, "row_bytes": 16, "max_pages": 16, "num_chunks": 16},
+    "_score_t_kernel": {"s_qs": 16, "s_qh": 16, "s_bt": 16, "row_bytes": 16, "max_pages": 16, "num_chunks": 16},
     "_keys_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16, "num_score_chunks": 16},
     "_gather_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
     "_resolve_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
@@ -71,6 +74,12 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
               WORDS=_ss.DEFAULT_TUNING.word_nibbles, COEF_VEC=_ss.DEFAULT_TUNING.coef_vector,
               COEF_MMA=_ss.DEFAULT_TUNING.coef_mma),
          (_ss.SCORE_WARPS, _ss.SCORE_MAXNREG)),
+        (_score_t._score_t_kernel, {"q_ptr": "*bf16", **rows, "block_table_ptr": "*i32", "seq_lens_ptr": "*i32",
+                                    "scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "scale": "fp32"},
+         dict(G=group, G_DOT=g_dot, GS=gs, MAXC=_ss.MAX_CHUNKS, M=max(16, g_dot), D=head_dim, D_PAD=head_dim, B=PAGE_SIZE,
+              R=rc.rank, COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
+              P=_TRANSPOSED.tile, RP=next_pow2(rc.rank), FP32=False, ROWS32=_TRANSPOSED.narrow_offsets),
+         (_TRANSPOSED.warps, _TRANSPOSED.maxnreg)),
         (_topk._keys_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "keys_ptr": "*i32",
                               "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},
          dict(G=group, GS=gs, RULE=0, BLOCK=_topk.KEYS_BLOCK, STEPS=_topk.KEY_STEPS_PER_UNIT, WINDOW=_topk.AGG_WINDOW,

@@ -25,6 +25,8 @@ from . import ops
 from ._common import FP32_EPS
 from .score_select import DEFAULT_TUNING, SCORER_KERNELS, ScoreTuning
 
+_SCORER_DEFAULT = next(iter(SCORER_KERNELS))  # the backend's score kernel (config.SCORER_KERNELS[0])
+
 logger = logging.getLogger(__name__)
 
 POISON_BYTE = 0xAB
@@ -339,6 +341,8 @@ SCORER_VARIANTS = (ScoreTuning(coef_mma=False), ScoreTuning(warps=4, tile=16, ma
 # The scorer's instruction diet (session 8, untimed): exact up to fp32 rounding, and with two bf16 terms
 # of V^T q in the coefficient contraction (16 significant bits).
 LEAN_VARIANTS = tuple(ScoreTuning(**SCORER_KERNELS[name]) for name in ("lean", "lean2"))
+# The transposed kernel (session 9, production through the backend): 2- and 4-page tiles.
+TRANSPOSED_VARIANTS = (ScoreTuning(**SCORER_KERNELS["transposed"]), ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4}))
 
 
 def full_battery(device: str, seed: int) -> list[CheckResult]:
@@ -354,7 +358,7 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
                 for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE])]
     # the scorer's other paths on bf16 queries
     results += [check_score_select(device, c, seed + i, torch.bfloat16, tuning=t)
-                for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE]) for t in SCORER_VARIANTS + LEAN_VARIANTS]
+                for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE]) for t in SCORER_VARIANTS + LEAN_VARIANTS + TRANSPOSED_VARIANTS]
     if torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
         # programmatic dependent launch: sm_90 only (the interpreter has no griddepcontrol)
         results += [check_score_select(device, c, seed + i, tuning=ScoreTuning(select_path=path, pdl=True))
@@ -363,7 +367,7 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
     return results
 
 
-def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, scorer: str = "default") -> list[CheckResult]:
+def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, scorer: str = _SCORER_DEFAULT) -> list[CheckResult]:
     """Every select case (default: SELECT_CASES + MANY_PAGES_CASE) on bf16 queries, once per selection
     path, with the score kernel's code path `scorer` (score_select.SCORER_KERNELS): the GPU check to run
     before timing a selection or scorer change (`python -m ...triton.checks --select four,three,one
@@ -416,7 +420,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Kernel checks against the torch references.")
     parser.add_argument("--select", metavar="PATHS", help=f"only the select cases on bf16, for these paths "
                         f"(comma-separated, of {', '.join(SELECT_PATHS)})")
-    parser.add_argument("--scorer", default="default", choices=tuple(SCORER_KERNELS),
+    parser.add_argument("--scorer", default=_SCORER_DEFAULT, choices=tuple(SCORER_KERNELS),
                         help="with --select: the score kernel's code path (score_select.SCORER_KERNELS)")
     args = parser.parse_args()
     devices = available_devices()

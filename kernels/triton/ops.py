@@ -192,6 +192,13 @@ def score_select(
     _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, tuning)
 
 
+def transposed_fits(tuning: _ss.ScoreTuning, rc: RowConstants, head_dim: int) -> bool:
+    """Whether `tuning` runs the transposed score kernel: asked for, int4 words, and the coefficient
+    contraction's K = tile * next_pow2(r) a dot's 16 at least (else the pages kernel runs)."""
+    return (tuning.transposed and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset)
+            and tuning.tile * next_pow2(rc.rank) >= 16)
+
+
 def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning=_ss.DEFAULT_TUNING) -> int:
     """Kernel 1 of score_select (arguments already checked); returns the chunk count. The kernel bench times it alone."""
     num_seqs, num_q_heads, head_dim = q.shape
@@ -202,7 +209,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     chunks = max(1, min(tuning.max_chunks, slots // pairs, cdiv(block_table.shape[1], tuning.tile)))
     rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
     words = _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset)
-    if tuning.transposed and words and tuning.tile * next_pow2(rc.rank) >= 16:  # the contraction's K = P * RP
+    if transposed_fits(tuning, rc, head_dim):
         _score_t._score_t_kernel[(pairs, chunks)](
             q, rows_u8, rows_i8, rows_f16, block_table, seq_lens, ws.scores, ws.chunk_max, ws.chunk_sum,
             q.stride(0), q.stride(1), block_table.stride(0), num_kv_heads, rc.row_bytes, ws.max_pages, chunks, scale,

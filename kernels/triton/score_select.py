@@ -141,10 +141,10 @@ class ScoreTuning:
 DEFAULT_TUNING = ScoreTuning()
 # config.SCORER_KERNELS -> the ScoreTuning fields each name sets (the backend's `scorer_kernel` setting).
 SCORER_KERNELS: dict[str, dict] = {
-    "default": {},
+    "transposed": {"transposed": True, "narrow_offsets": True, "tile": 2},
+    "pages": {},
     "lean": {"word_pairs": True, "exp2_epilogue": True, "narrow_offsets": True},
     "lean2": {"word_pairs": True, "exp2_epilogue": True, "narrow_offsets": True, "coef_terms": 2},
-    "transposed": {"transposed": True, "narrow_offsets": True, "tile": 2},
 }
 assert tuple(SCORER_KERNELS) == _SCORER_KERNEL_NAMES
 

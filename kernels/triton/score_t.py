@@ -117,27 +117,25 @@ def _score_t_kernel(
         q_mu = _dot(q_full, tl.trans(mu.to(tl.float32).to(DOT_T)), tl.zeros([M, P], tl.float32), FP32)  # [M, P]
         # Coefficient contraction [M, P*RP] x [P*RP, P*B]: V^T q in three bf16 terms (24 significant bits;
         # int8 coefficients are exact in bf16), each straight from the accumulator's registers.
+        # (FP32, the interpreter's path: one fp32 term, mid = lo = 0.)
         bd = coef.to(tl.float32).to(SPLIT_T)
         hi = vq.to(SPLIT_T)
-        if FP32:
-            acc = _dot(hi, bd, tl.zeros([M, P * B], tl.float32), FP32)
-        else:
-            rest = vq - hi.to(tl.float32)
-            mid = rest.to(SPLIT_T)
-            lo = (rest - mid.to(tl.float32)).to(SPLIT_T)
-            if HALVES:  # hi and mid in one dot (top / bottom rows), then lo in the top rows
-                top = (m < G_DOT)[:, None]
-                acc = _dot(tl.where(top, hi, mid), bd, tl.zeros([M, P * B], tl.float32), FP32)
+        rest = vq - hi.to(tl.float32)
+        mid = rest.to(SPLIT_T)
+        lo = (rest - mid.to(tl.float32)).to(SPLIT_T)
+        if HALVES:  # hi (top rows) and mid (bottom rows) in one dot, then lo in the top rows
+            top = (m < G_DOT)[:, None]
+            acc = _dot(tl.where(top, hi, mid), bd, tl.zeros([M, P * B], tl.float32), FP32)
+            if not FP32:
                 acc = _dot(tl.where(top, lo, tl.zeros_like(lo)), bd, acc, FP32)
-            else:
-                acc = _dot(hi, bd, tl.zeros([M, P * B], tl.float32), FP32)
+            # rows i and i + G_DOT hold the same head: added where they live (one thread holds both)
+            acc = tl.sum(tl.reshape(acc, [2, G_DOT, P * B]), axis=0)
+            q_mu = tl.sum(tl.reshape(q_mu, [2, G_DOT, P]), axis=0)  # bottom rows are zero queries
+        else:
+            acc = _dot(hi, bd, tl.zeros([M, P * B], tl.float32), FP32)
+            if not FP32:
                 acc = _dot(mid, bd, acc, FP32)
                 acc = _dot(lo, bd, acc, FP32)
-        if HALVES:  # rows i and i + G_DOT: the same head (FP32: bottom rows are the same product, so halve)
-            acc = tl.sum(tl.reshape(acc, [2, G_DOT, P * B]), axis=0)
-            if FP32:
-                acc = acc * 0.5
-            q_mu = tl.sum(tl.reshape(q_mu, [2, G_DOT, P]), axis=0)
         # Logits in log2 units; the centroid term is constant over a page's tokens, so it joins after the LSE.
         y = tl.reshape(acc * (tok_scale * log2_scale)[None, :], [OUT, P, B])
         page_max = tl.max(y, axis=2)
