@@ -30,10 +30,16 @@ def _dot(a, b, acc, FP32: tl.constexpr):
 
 
 @triton.jit
-def _q_shift(q_rows, S: tl.constexpr, D_PAD: tl.constexpr, row_ok, DOT_T: tl.constexpr):
-    """q [M, D/4] in `_paired_codes`' K order for shift 4S: column 2j + c is dim 8j + S + 4c."""
-    k = tl.arange(0, D_PAD // 4)
-    return tl.load(q_rows + ((k // 2) * 8 + S + 4 * (k % 2))[None, :], mask=row_ok[:, None], other=0.0).to(DOT_T)
+def _q_shifts(q, M: tl.constexpr, D_PAD: tl.constexpr):
+    """q [M, D] -> the four [M, D/4] operands in `_paired_codes`' K order: for shift 4S, column 2j + c is
+    dim 8j + S + 4c. Split in registers from one contiguous load (four gathers of 2-byte elements cost the
+    prologue ~70 loads per thread)."""
+    parts = tl.reshape(q, [M, D_PAD // 8, 2, 2, 2])  # dim 8j + 4c + 2 s1 + s0 -> [m, j, c, s1, s0]
+    even, odd = tl.split(parts)  # s0
+    s0, s2 = tl.split(even)  # s1
+    s1, s3 = tl.split(odd)
+    return (tl.reshape(s0, [M, D_PAD // 4]), tl.reshape(s1, [M, D_PAD // 4]),
+            tl.reshape(s2, [M, D_PAD // 4]), tl.reshape(s3, [M, D_PAD // 4]))
 
 
 @triton.jit
@@ -64,13 +70,11 @@ def _score_t_kernel(
     m = tl.arange(0, M)
     head = m % G_DOT if HALVES else m
     q_rows = q_ptr + s * s_qs + (h * G + head)[:, None] * s_qh
-    q_s0 = _q_shift(q_rows, 0, D_PAD, head < G, DOT_T)
-    q_s1 = _q_shift(q_rows, 1, D_PAD, head < G, DOT_T)
-    q_s2 = _q_shift(q_rows, 2, D_PAD, head < G, DOT_T)
-    q_s3 = _q_shift(q_rows, 3, D_PAD, head < G, DOT_T)
     d = tl.arange(0, D_PAD)
+    q = tl.load(q_rows + d[None, :], mask=(head < G)[:, None] & (d < D)[None, :], other=0.0).to(DOT_T)
+    q_s0, q_s1, q_s2, q_s3 = _q_shifts(q, M, D_PAD)
     # the centroid dot's rows beyond the heads are zero (with HALVES its halves are added like the others)
-    q_full = tl.load(q_rows + d[None, :], mask=(m < G)[:, None] & (d < D)[None, :], other=0.0).to(DOT_T)
+    q_full = tl.where((m < G)[:, None], q, tl.zeros_like(q))
     g = tl.arange(0, OUT)
     g_ok = g < G
     jw = tl.arange(0, D_PAD // 8)
