@@ -195,3 +195,30 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
         assert torch.equal(tri_sel[:3], ref_sel[:3]), path
         torch.testing.assert_close(tri_out[:3], ref_out[:3], rtol=1e-4, atol=1e-4)
         assert torch.isfinite(tri_out[3]).all()  # the padding row must not poison the output buffer
+
+
+@pytest.mark.parametrize("device", _triton_devices())
+def test_selection_replay_reproduces_the_engines_pages(model_dir, device):
+    """A decode capture replayed through the Triton score kernel and every selection path
+    (harness/selection_replay.py) selects the pages the backend selected, and its key statistics
+    describe the threshold search: nothing contested above the threshold's bin when k - 2 = 1."""
+    from locks_toolkit.harness.selection_replay import path_tunings, replay_capture
+
+    debug.clear()
+    run_steps(model_dir, torch.Generator().manual_seed(13), budget=48, scorer="locks", debug_capture_layers=[0])
+    try:
+        records = [r for cap in debug.captures for r in replay_capture(cap, path_tunings())]
+    finally:
+        debug.clear()
+    assert len(records) == DECODE_STEPS * 4
+    assert all(r["same_pages_as_engine"] for r in records), [(r["tuning"]["select_path"], r["seq_lens"]) for r in records]
+    last = records[-1]
+    lens = [n + DECODE_STEPS for n in PROMPT_LENS]
+    assert last["seq_lens"] == lens
+    stats = last["key_stats"]
+    assert {(st["seq"], st["head"]) for st in stats} == {(s, h) for s, n in enumerate(lens) if math.ceil(n / PAGE) > 3
+                                                         for h in range(HKV)}
+    for st in stats:
+        assert st["contested"] == math.ceil(lens[st["seq"]] / PAGE) - 2 and st["above_bin"] == 0
+        assert 1 <= st["tied_at_threshold"] <= st["in_threshold_bin"] <= st["contested"]
+        assert 1 <= st["distinct_low_in_bin"] <= st["in_threshold_bin"]

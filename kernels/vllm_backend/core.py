@@ -301,7 +301,11 @@ class LocksImplMixin:
         if self.locks_settings.debug_capture_layers and not _capturing(q):
             name = getattr(layer, "layer_name", "")
             if debug.layer_index(name) in self.locks_settings.debug_capture_layers:
-                debug.record(name, q, block_table, seq_lens, step.selected_pages, out, k_cache, v_cache, self.scale)
+                debug.record(name, q, block_table, seq_lens, step.selected_pages, out, k_cache, v_cache, self.scale,
+                             summary_rows=summary_rows,
+                             selection={"layout": self._layout, "num_kv_heads": self.num_kv_heads,
+                                        "page_budget": selection.page_budget, "combine": selection.combine,
+                                        "select": self.locks_settings.select, "scorer": self.locks_settings.locks.scorer})
 
     def _build(self, k_cache, block_ids, summary_rows, timed: bool) -> None:
         if k_cache.is_cuda:

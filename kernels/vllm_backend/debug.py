@@ -26,11 +26,16 @@ def _host_copy(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tenso
     return t.detach().to("cpu", dtype or t.dtype, copy=True)
 
 
-def record(layer_name: str, q, block_table, seq_lens, selected_pages, out, k_cache, v_cache, scale: float) -> None:
+def record(layer_name: str, q, block_table, seq_lens, selected_pages, out, k_cache, v_cache, scale: float,
+           summary_rows=None, selection: dict | None = None) -> None:
+    """One decode step of one layer. summary_rows (referenced like the cache: a page's row is written once
+    it completes) and selection (layout, num_kv_heads, page_budget, combine, select) let the step's
+    selection be replayed outside the engine (`harness/selection_replay.py`)."""
     captures.append(
         {
             "layer": layer_name,
             "q": _host_copy(q, torch.float32),
+            "q_dtype": q.dtype,
             "block_table": _host_copy(block_table),
             "seq_lens": _host_copy(seq_lens),
             "selected_pages": _host_copy(selected_pages),
@@ -38,6 +43,8 @@ def record(layer_name: str, q, block_table, seq_lens, selected_pages, out, k_cac
             "k_cache": k_cache,
             "v_cache": v_cache,
             "scale": scale,
+            "summary_rows": summary_rows,
+            "selection": selection or {},
         }
     )
 

@@ -63,7 +63,7 @@ def randomize_weights(model: torch.nn.Module) -> None:
 
 
 def make_engine(model_dir: str, backend: str, utilization: float, max_model_len: int, locks: dict | None = None,
-                num_layers: int | None = None, eager: bool = False):
+                num_layers: int | None = None, eager: bool = False, randomize: bool = True):
     from vllm import LLM
 
     kwargs = dict(
@@ -80,7 +80,8 @@ def make_engine(model_dir: str, backend: str, utilization: float, max_model_len:
     if locks is not None:
         kwargs["additional_config"] = {"locks": locks}
     llm = LLM(**kwargs)
-    llm.apply_model(randomize_weights)
+    if randomize:  # else vLLM's dummy weights as loaded (what `locks bench decode` runs)
+        llm.apply_model(randomize_weights)
     return llm
 
 
