@@ -160,7 +160,6 @@ _LOCKS_VARIANTS = (
      {"scorer_kernel": "pages"}),
     ("locks-lean", "the pages score kernel's instruction diet (scorer_kernel='lean': same scores up to fp32 rounding)",
      {"scorer_kernel": "lean"}),
-    ("locks-lean2", "the lean score kernel with V^T q in two bf16 terms (scorer_kernel='lean2')", {"scorer_kernel": "lean2"}),
 )
 for _name, _what, _settings in _LOCKS_VARIANTS:
     register_arm(

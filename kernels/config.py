@@ -93,8 +93,9 @@ SELECT_PATHS: tuple[str, ...] = ("four", "three", "one", "row")
 # "transposed" (query heads as the dots' M, V^T q never leaves registers, 2-page tiles: `triton/score_t.py`;
 # the H200 pair of session 9: -0.25 ms per step at 128K), "pages" (pages x basis columns as M: the kernel
 # before session 9), "lean" (pages, with paired int4 codes, a log2 epilogue and 32-bit row offsets: the same
-# scores up to fp32 rounding, fewer instructions), "lean2" (lean, and V^T q in two bf16 terms: 16 significant bits).
-SCORER_KERNELS: tuple[str, ...] = ("transposed", "pages", "lean", "lean2")
+# scores up to fp32 rounding, fewer instructions). (Session 8's "lean2", V^T q in two bf16 terms, failed
+# bf16 select checks on the H200 in session 9 and is no longer offered: `score_select.TWO_TERM_DIET`.)
+SCORER_KERNELS: tuple[str, ...] = ("transposed", "pages", "lean")
 
 
 @dataclass(frozen=True)

@@ -293,8 +293,8 @@ def test_select_battery_checks_every_requested_path_on_bf16_queries(device):
     assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
     assert sum("select_path='one'" in r.name for r in results) == 2
     assert not any("select_path='three'" in r.name for r in results)
-    lean = select_battery(device, fresh_seed(), ("four",), cases=[SELECT_CASES[4]], scorer="lean2")
-    assert len(lean) == 1 and lean[0].ok and "coef_terms=2" in lean[0].name, [str(r) for r in lean]
+    lean = select_battery(device, fresh_seed(), ("four",), cases=[SELECT_CASES[4]], scorer="lean")
+    assert len(lean) == 1 and lean[0].ok and "word_pairs=True" in lean[0].name, [str(r) for r in lean]
 
 
 def test_checks_cli_names_the_paths_when_one_is_unknown():

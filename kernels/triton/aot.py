@@ -119,7 +119,7 @@ LEAN = {"WORD_PAIRS": True, "EXP2": True, "ROWS32": True}
 def _variants(**geometry) -> list[tuple[str, tuple]]:
     """(name, spec): every production kernel, plus the score kernel's byte path (the default before
     2026-11-29 s4: int4 codes decoded per byte, one load per coefficient), its FMA coefficient
-    contraction (the default before 2026-11-30 s6), its instruction diet (`[lean]`, `[lean2]`: checks.LEAN_VARIANTS),
+    contraction (the default before 2026-11-30 s6), its instruction diet (`[lean]`, `[lean2]`, the two-term diet that failed on the H200: checks.LEAN_VARIANTS),
     three kernels with programmatic dependent launch (`[pdl]`) and the resolve kernel that finalizes (the
     three-launch selection)."""
     specs = _specs(**geometry)

@@ -41,8 +41,7 @@ class BackendSettings:
     pdl: the decode kernels use programmatic dependent launch (sm_90; each kernel's programs are
     scheduled while the previous one finishes). Same results; within 1% in the H200 pair of session 6, so off.
     scorer_kernel: the score kernel's code path (config.SCORER_KERNELS): "transposed" (production), "pages"
-    (the kernel before it), or that kernel's instruction diets "lean" (same scores up to fp32 rounding) and
-    "lean2" (V^T q to 16 bits, and wrong on some bf16 cases on the H200: GPU checks only).
+    (the kernel before it), or that kernel's instruction diet "lean" (same scores up to fp32 rounding).
     debug_capture_layers: layer indices whose per-step decode inputs/outputs are kept for checks
     (eager only; see `debug.py`). Empty in production.
     """
