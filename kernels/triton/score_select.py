@@ -355,6 +355,21 @@ def _q_pair(q_cols, S: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.constexp
 
 
 @triton.jit
+def _program_tiles(seq_lens_ptr, num_kv_heads, num_chunks, B: tl.constexpr, P: tl.constexpr):
+    """A score program's (pair, chunk, sequence, KV head, scored pages, first tile, end tile): the pages
+    before the recent one, in tiles of P, split evenly over the pair's chunks (from seq_lens on the device)."""
+    pair = tl.program_id(0)
+    chunk = tl.program_id(1)
+    s = pair // num_kv_heads
+    h = pair % num_kv_heads
+    n_full = tl.maximum(tl.load(seq_lens_ptr + s) - 1, 0) // B  # scored pages: all before the recent one
+    n_tiles = tl.cdiv(n_full, P)
+    per_chunk = tl.cdiv(n_tiles, num_chunks)
+    t_begin = chunk * per_chunk
+    return pair, chunk, s, h, n_full, t_begin, tl.minimum(t_begin + per_chunk, n_tiles)
+
+
+@triton.jit
 def _score_kernel(
     q_ptr, rows_u8, rows_i8, rows_f16, block_table_ptr, seq_lens_ptr,
     scores_ptr, chunk_max_ptr, chunk_sum_ptr,
@@ -368,15 +383,7 @@ def _score_kernel(
     COEF_TWO: tl.constexpr = False, ROWS32: tl.constexpr = False,
 ):
     enter_dependent(PDL)
-    pair = tl.program_id(0)
-    chunk = tl.program_id(1)
-    s = pair // num_kv_heads
-    h = pair % num_kv_heads
-    n_full = tl.maximum(tl.load(seq_lens_ptr + s) - 1, 0) // B  # scored pages: all before the recent one
-    n_tiles = tl.cdiv(n_full, P)
-    per_chunk = tl.cdiv(n_tiles, num_chunks)
-    t_begin = chunk * per_chunk
-    t_end = tl.minimum(t_begin + per_chunk, n_tiles)
+    pair, chunk, s, h, n_full, t_begin, t_end = _program_tiles(seq_lens_ptr, num_kv_heads, num_chunks, B, P)
 
     DOT_T = tl.float32 if FP32 else q_ptr.dtype.element_ty
     g = tl.arange(0, G_DOT)

@@ -18,15 +18,7 @@ import triton
 import triton.language as tl
 
 from ._common import enter_dependent
-from .score_select import LN2, LOG2E, _in_units, _paired_codes, _row_offset
-
-
-@triton.jit
-def _dot(a, b, acc, FP32: tl.constexpr):
-    if FP32:
-        return tl.dot(a, b, acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
+from .score_select import LN2, LOG2E, _in_units, _mma, _paired_codes, _program_tiles, _row_offset
 
 
 @triton.jit
@@ -53,15 +45,7 @@ def _score_t_kernel(
     P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, ROWS32: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     enter_dependent(PDL)
-    pair = tl.program_id(0)
-    chunk = tl.program_id(1)
-    s = pair // num_kv_heads
-    h = pair % num_kv_heads
-    n_full = tl.maximum(tl.load(seq_lens_ptr + s) - 1, 0) // B  # scored pages: all before the recent one
-    n_tiles = tl.cdiv(n_full, P)
-    per_chunk = tl.cdiv(n_tiles, num_chunks)
-    t_begin = chunk * per_chunk
-    t_end = tl.minimum(t_begin + per_chunk, n_tiles)
+    pair, chunk, s, h, n_full, t_begin, t_end = _program_tiles(seq_lens_ptr, num_kv_heads, num_chunks, B, P)
 
     DOT_T = tl.float32 if FP32 else q_ptr.dtype.element_ty
     SPLIT_T = tl.float32 if FP32 else tl.bfloat16
@@ -113,12 +97,12 @@ def _score_t_kernel(
         mu_scale = tl.load(rows_f16 + f_scales, mask=pm, other=0.0).to(tl.float32)
         tok_scale = tl.load(rows_f16 + _in_units(row_c + SCALE_OFF, 1, ROWS32) + 1 + c_tok, mask=cm, other=0.0).to(tl.float32)
         # (V^T q)^T [M, P*RP]: four dots of K = d/4, one per nibble shift.
-        vq = _dot(q_s0, tl.trans(_paired_codes(words, 0, P * RP, D_PAD, DOT_T)), tl.zeros([M, P * RP], tl.float32), FP32)
-        vq = _dot(q_s1, tl.trans(_paired_codes(words, 4, P * RP, D_PAD, DOT_T)), vq, FP32)
-        vq = _dot(q_s2, tl.trans(_paired_codes(words, 8, P * RP, D_PAD, DOT_T)), vq, FP32)
-        vq = _dot(q_s3, tl.trans(_paired_codes(words, 12, P * RP, D_PAD, DOT_T)), vq, FP32)
+        vq = _mma(q_s0, tl.trans(_paired_codes(words, 0, P * RP, D_PAD, DOT_T)), tl.zeros([M, P * RP], tl.float32), FP32)
+        vq = _mma(q_s1, tl.trans(_paired_codes(words, 4, P * RP, D_PAD, DOT_T)), vq, FP32)
+        vq = _mma(q_s2, tl.trans(_paired_codes(words, 8, P * RP, D_PAD, DOT_T)), vq, FP32)
+        vq = _mma(q_s3, tl.trans(_paired_codes(words, 12, P * RP, D_PAD, DOT_T)), vq, FP32)
         vq = vq * col_scale[None, :]
-        q_mu = _dot(q_full, tl.trans(mu.to(tl.float32).to(DOT_T)), tl.zeros([M, P], tl.float32), FP32)  # [M, P]
+        q_mu = _mma(q_full, tl.trans(mu.to(tl.float32).to(DOT_T)), tl.zeros([M, P], tl.float32), FP32)  # [M, P]
         # Coefficient contraction [M, P*RP] x [P*RP, P*B]: V^T q in three bf16 terms (24 significant bits;
         # int8 coefficients are exact in bf16), each straight from the accumulator's registers.
         # (FP32, the interpreter's path: one fp32 term, mid = lo = 0.)
@@ -129,17 +113,17 @@ def _score_t_kernel(
         lo = (rest - mid.to(tl.float32)).to(SPLIT_T)
         if HALVES:  # hi (top rows) and mid (bottom rows) in one dot, then lo in the top rows
             top = (m < G_DOT)[:, None]
-            acc = _dot(tl.where(top, hi, mid), bd, tl.zeros([M, P * B], tl.float32), FP32)
+            acc = _mma(tl.where(top, hi, mid), bd, tl.zeros([M, P * B], tl.float32), FP32)
             if not FP32:
-                acc = _dot(tl.where(top, lo, tl.zeros_like(lo)), bd, acc, FP32)
+                acc = _mma(tl.where(top, lo, tl.zeros_like(lo)), bd, acc, FP32)
             # rows i and i + G_DOT hold the same head: added where they live (one thread holds both)
             acc = tl.sum(tl.reshape(acc, [2, G_DOT, P * B]), axis=0)
             q_mu = tl.sum(tl.reshape(q_mu, [2, G_DOT, P]), axis=0)  # bottom rows are zero queries
         else:
-            acc = _dot(hi, bd, tl.zeros([M, P * B], tl.float32), FP32)
+            acc = _mma(hi, bd, tl.zeros([M, P * B], tl.float32), FP32)
             if not FP32:
-                acc = _dot(mid, bd, acc, FP32)
-                acc = _dot(lo, bd, acc, FP32)
+                acc = _mma(mid, bd, acc, FP32)
+                acc = _mma(lo, bd, acc, FP32)
         # Logits in log2 units; the centroid term is constant over a page's tokens, so it joins after the LSE.
         y = tl.reshape(acc * (tok_scale * log2_scale)[None, :], [OUT, P, B])
         page_max = tl.max(y, axis=2)
