@@ -42,7 +42,7 @@ from ._common import enter_dependent, mm
 LOG2E = tl.constexpr(1.4426950408889634)  # exp(x) = exp2(x * LOG2E)
 LN2 = tl.constexpr(0.6931471805599453)
 P_TILE = 4  # pages per tile (the dots' M is P * next_pow2(r))
-MAX_CHUNKS = 1024  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
+MAX_CHUNKS = 512  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
 SCORE_CHUNKS = 512  # the default cap: every program slot of a bs1 launch of one-warp programs (4 KV heads: 528)
 # Selection chunks per pair at most (topk.py kernels 2-5). Its last pass is O(chunks + k): on the H200
 # (2026-11-29, 128K bs1, coarse picks) selection took 21.9 us over 32 chunks, 23.4 over 64 and 28.6 over
