@@ -78,7 +78,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
                                     "scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "scale": "fp32"},
          dict(G=group, G_DOT=g_dot, GS=gs, MAXC=_ss.MAX_CHUNKS, M=max(16, g_dot), D=head_dim, D_PAD=head_dim, B=PAGE_SIZE,
               R=rc.rank, COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
-              P=_TRANSPOSED.tile, RP=next_pow2(rc.rank), FP32=False, ROWS32=_TRANSPOSED.narrow_offsets),
+              P=_TRANSPOSED.tile, RP=next_pow2(rc.rank), FP32=False, SPLIT=True, ROWS32=_TRANSPOSED.narrow_offsets),
          (_TRANSPOSED.warps, _TRANSPOSED.maxnreg)),
         (_topk._keys_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32", "keys_ptr": "*i32",
                               "hist_ptr": "*i32", "seq_lens_ptr": "*i32"},

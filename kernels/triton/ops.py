@@ -216,7 +216,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
             G=group, G_DOT=next_pow2(group), GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS, M=max(16, next_pow2(group)),
             D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE, R=rc.rank,
             COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
-            P=tuning.tile, RP=next_pow2(rc.rank), FP32=dot_in_fp32(q),
+            P=tuning.tile, RP=next_pow2(rc.rank), FP32=dot_in_fp32(q), SPLIT=q.dtype != torch.float32,
             ROWS32=tuning.narrow_offsets and summary_rows.numel() < 2**31, PDL=tuning.pdl, launch_pdl=tuning.pdl,
             num_warps=tuning.warps, num_stages=tuning.stages, maxnreg=tuning.maxnreg,
         )

@@ -42,13 +42,17 @@ def _score_t_kernel(
     G: tl.constexpr, G_DOT: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, M: tl.constexpr,
     D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr, R: tl.constexpr,
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
-    P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, ROWS32: tl.constexpr = False, PDL: tl.constexpr = False,
+    P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, SPLIT: tl.constexpr, ROWS32: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     enter_dependent(PDL)
     pair, chunk, s, h, n_full, t_begin, t_end = _program_tiles(seq_lens_ptr, num_kv_heads, num_chunks, B, P)
 
     DOT_T = tl.float32 if FP32 else q_ptr.dtype.element_ty
-    SPLIT_T = tl.float32 if FP32 else tl.bfloat16
+    # V^T q in bf16 terms for 16-bit queries (SPLIT), one fp32 term for fp32 ones. The interpreter (FP32 dots:
+    # it cannot multiply bf16) rounds the same terms and widens them, so it runs the GPU's term logic.
+    TERM_T = tl.bfloat16 if SPLIT else tl.float32
+    MMA_T = tl.float32 if FP32 else tl.bfloat16
     HALVES: tl.constexpr = M == 2 * G_DOT  # rows G_DOT.. repeat the queries and carry the next term
     OUT: tl.constexpr = G_DOT if HALVES else M  # rows of the epilogue
     m = tl.arange(0, M)
@@ -105,25 +109,25 @@ def _score_t_kernel(
         q_mu = _mma(q_full, tl.trans(mu.to(tl.float32).to(DOT_T)), tl.zeros([M, P], tl.float32), FP32)  # [M, P]
         # Coefficient contraction [M, P*RP] x [P*RP, P*B]: V^T q in three bf16 terms (24 significant bits;
         # int8 coefficients are exact in bf16), each straight from the accumulator's registers.
-        # (FP32, the interpreter's path: one fp32 term, mid = lo = 0.)
-        bd = coef.to(tl.float32).to(SPLIT_T)
-        hi = vq.to(SPLIT_T)
+        # (fp32 queries: one term, mid = lo = 0.)
+        bd = coef.to(tl.float32).to(MMA_T)
+        hi = vq.to(TERM_T)
         rest = vq - hi.to(tl.float32)
-        mid = rest.to(SPLIT_T)
-        lo = (rest - mid.to(tl.float32)).to(SPLIT_T)
+        mid = rest.to(TERM_T)
+        lo = (rest - mid.to(tl.float32)).to(TERM_T)
         if HALVES:  # hi (top rows) and mid (bottom rows) in one dot, then lo in the top rows
             top = (m < G_DOT)[:, None]
-            acc = _mma(tl.where(top, hi, mid), bd, tl.zeros([M, P * B], tl.float32), FP32)
-            if not FP32:
-                acc = _mma(tl.where(top, lo, tl.zeros_like(lo)), bd, acc, FP32)
+            acc = _mma(tl.where(top, hi, mid).to(MMA_T), bd, tl.zeros([M, P * B], tl.float32), FP32)
+            if SPLIT:
+                acc = _mma(tl.where(top, lo, tl.zeros_like(lo)).to(MMA_T), bd, acc, FP32)
             # rows i and i + G_DOT hold the same head: added where they live (one thread holds both)
             acc = tl.sum(tl.reshape(acc, [2, G_DOT, P * B]), axis=0)
             q_mu = tl.sum(tl.reshape(q_mu, [2, G_DOT, P]), axis=0)  # bottom rows are zero queries
         else:
-            acc = _mma(hi, bd, tl.zeros([M, P * B], tl.float32), FP32)
-            if not FP32:
-                acc = _mma(mid, bd, acc, FP32)
-                acc = _mma(lo, bd, acc, FP32)
+            acc = _mma(hi.to(MMA_T), bd, tl.zeros([M, P * B], tl.float32), FP32)
+            if SPLIT:
+                acc = _mma(mid.to(MMA_T), bd, acc, FP32)
+                acc = _mma(lo.to(MMA_T), bd, acc, FP32)
         # Logits in log2 units; the centroid term is constant over a page's tokens, so it joins after the LSE.
         y = tl.reshape(acc * (tok_scale * log2_scale)[None, :], [OUT, P, B])
         page_max = tl.max(y, axis=2)
