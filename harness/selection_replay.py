@@ -84,20 +84,22 @@ def replay_capture(capture: dict, tunings: list[ScoreTuning], replays: int = 0) 
     out = []
     for tuning in tunings:
         selected = torch.empty((num_seqs, hkv, k_pages), dtype=torch.int32, device=device)
-        chunks = ops._launch_score(q, rows, block_table, seq_lens, sel["layout"], capture["scale"], hkv, ws, tuning)
-        ops._launch_select(ws, seq_lens, selected, group, chunks, combine, k_pages, tuning)
+
+        def score(tuning=tuning) -> int:
+            return ops._launch_score(q, rows, block_table, seq_lens, sel["layout"], capture["scale"], hkv, ws, tuning)
+
+        chunks = score()
+
+        def select(chunks=chunks, selected=selected, tuning=tuning) -> None:
+            ops._launch_select(ws, seq_lens, selected, group, chunks, combine, k_pages, tuning)
+
+        select()
         record = {"layer": capture["layer"], "seq_lens": seq_lens.tolist(), "tuning": asdict(tuning),
                   "engine_select": sel.get("select"), "same_pages_as_engine": bool(torch.equal(selected.cpu(), engine_pages)),
                   "key_stats": key_stats(ws.keys, seq_lens, hkv, k_pages)}
         if replays and device.type == "cuda":
             from .kernel_bench import _time_graph
             from .score_sweep import profile_graph
-
-            def score(tuning=tuning):
-                ops._launch_score(q, rows, block_table, seq_lens, sel["layout"], capture["scale"], hkv, ws, tuning)
-
-            def select(chunks=chunks, selected=selected, tuning=tuning):
-                ops._launch_select(ws, seq_lens, selected, group, chunks, combine, k_pages, tuning)
 
             record.update(score_us=_time_graph(score, replays, 1)["mean_us"], select_us=_time_graph(select, replays, 1)["mean_us"],
                           kernel_us={**profile_graph(score, replays, 1), **profile_graph(select, replays, 1)})

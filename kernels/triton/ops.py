@@ -208,7 +208,6 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     slots = tuning.programs_per_sm * num_sms(device_index(q))
     chunks = max(1, min(tuning.max_chunks, slots // pairs, cdiv(block_table.shape[1], tuning.tile)))
     rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
-    words = _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset)
     if transposed_fits(tuning, rc, head_dim):
         _score_t._score_t_kernel[(pairs, chunks)](
             q, rows_u8, rows_i8, rows_f16, block_table, seq_lens, ws.scores, ws.chunk_max, ws.chunk_sum,
@@ -229,7 +228,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
         COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
         P=tuning.tile, RP=next_pow2(rc.rank), FP32=(fp32 := dot_in_fp32(q) or rc.basis_bits == 16), STAGES=tuning.stages,
         MANTISSA=tuning.mantissa_nibbles,
-        WORDS=tuning.word_nibbles and words,
+        WORDS=tuning.word_nibbles and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset),
         COEF_VEC=tuning.coef_vector, COEF_MMA=tuning.coef_mma and rc.rank >= 4 and (fp32 or group >= 8), PDL=tuning.pdl, launch_pdl=tuning.pdl,
         WORD_PAIRS=tuning.word_pairs, EXP2=tuning.exp2_epilogue,
         COEF_TWO=tuning.coef_terms == 2 and next_pow2(rc.rank) >= 8,  # K = 2 RP must reach 16

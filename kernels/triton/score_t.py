@@ -131,7 +131,7 @@ def _score_t_kernel(
         # Logits in log2 units; the centroid term is constant over a page's tokens, so it joins after the LSE.
         y = tl.reshape(acc * (tok_scale * log2_scale)[None, :], [OUT, P, B])
         page_max = tl.max(y, axis=2)
-        lse = page_max + tl.log2(tl.sum(tl.exp2(y - page_max[:, :, None]), axis=2))  # [M, P]
+        lse = page_max + tl.log2(tl.sum(tl.exp2(y - page_max[:, :, None]), axis=2))  # [OUT, P]
         score = lse + q_mu * (mu_scale * log2_scale)[None, :]
         score = tl.where(pm[None, :], score, float("-inf"))
         out = scores_ptr + (pair.to(tl.int64) * max_pages + page[None, :]) * GS + g[:, None]
