@@ -158,6 +158,9 @@ _LOCKS_VARIANTS = (
     # with select='one', before it became the default).
     ("locks-pages", "the score kernel before session 9 (scorer_kernel='pages': pages x basis columns as the dots' M)",
      {"scorer_kernel": "pages"}),
+    ("locks-cuda", "the CUDA score kernel (scorer_kernel='cuda': operands built in the mma register layouts)",
+     {"scorer_kernel": "cuda"}),
+    ("locks-one-cuda", "the CUDA score kernel and the one-launch selection", {"scorer_kernel": "cuda", "select": "one"}),
     ("locks-lean", "the pages score kernel's instruction diet (scorer_kernel='lean': same scores up to fp32 rounding)",
      {"scorer_kernel": "lean"}),
 )

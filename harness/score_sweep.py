@@ -75,6 +75,10 @@ VARIANTS = (
     # workspace of 1024) took 31.6 µs at 128K against 26.0 (s9), so the workspace stayed at 512 chunks.
     ScoreTuning(maxnreg=96, **SCORER_KERNELS["transposed"]),
     ScoreTuning(stages=2, **SCORER_KERNELS["transposed"]),
+    # The CUDA kernel (session 10, kernels/cuda/score_t.cu): operands built in the mma register layouts, 4-page
+    # tiles, ~840 SASS per tile against the transposed kernel's ~800 per 2 pages
+    ScoreTuning(**SCORER_KERNELS["cuda"]),
+    ScoreTuning(select_path="one", **SCORER_KERNELS["cuda"]),
     # Earlier defaults and the launch shapes they beat: docs/results/score-sweep-h200*.md (sessions 1-6).
 )
 

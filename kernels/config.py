@@ -95,7 +95,9 @@ SELECT_PATHS: tuple[str, ...] = ("four", "three", "one", "row")
 # before session 9), "lean" (pages, with paired int4 codes, a log2 epilogue and 32-bit row offsets: the same
 # scores up to fp32 rounding, fewer instructions). (Session 8's "lean2", V^T q in two bf16 terms, failed
 # bf16 select checks on the H200 in session 9 and is no longer offered: `score_select.TWO_TERM_DIET`.)
-SCORER_KERNELS: tuple[str, ...] = ("transposed", "pages", "lean")
+# "cuda" (kernels/cuda/score_t.cu: every operand built in its mma's register layout; r8i4, d = 128, bf16 q,
+# G <= 16 on sm_90, the transposed kernel elsewhere).
+SCORER_KERNELS: tuple[str, ...] = ("transposed", "pages", "lean", "cuda")
 
 
 @dataclass(frozen=True)

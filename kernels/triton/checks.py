@@ -22,7 +22,7 @@ from ..reference.select import combine_group, select_pages
 from ..reference.summary import build_page_summaries, reconstruct_keys
 from ..reference.testing import gaussian_keys, generator, low_rank_keys
 from . import ops
-from ._common import FP32_EPS
+from ._common import FP32_EPS, RowConstants
 from .score_select import DEFAULT_TUNING, SCORER_KERNELS, TWO_TERM_DIET, ScoreTuning
 
 _SCORER_DEFAULT = next(iter(SCORER_KERNELS))  # the backend's score kernel (config.SCORER_KERNELS[0])
@@ -380,6 +380,37 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
     return results
 
 
+# The CUDA score kernel's geometry (r8i4, d = 128, bf16 q, G <= 16): GLM-4's G = 16 with 2 KV heads, odd
+# token counts (partial last tiles and pages), programs with one tile and with many, padded head rows.
+CUDA_CASES = [
+    SelectCase((16 * 517 + 3, 16 * 64 + 16), group=16, head_dim=128, page_budget=40, num_kv_heads=2),
+    SelectCase((16 * 2049 + 1,), group=16, head_dim=128, page_budget=128, num_kv_heads=2),
+    SelectCase((16 * 5 + 1, 16 * 9 + 15, 16 * 300 + 7), group=16, head_dim=128, page_budget=6, num_kv_heads=1),
+    SelectCase((16 * 97 + 9, 16 * 33), group=12, head_dim=128, page_budget=11, num_kv_heads=3, combine="group_max"),
+    SelectCase((16 * 150 + 2,), group=1, head_dim=128, page_budget=17, num_kv_heads=4, combine="group_mass"),
+    SelectCase((16 * 400 + 5,), group=16, head_dim=128, page_budget=30, num_kv_heads=2, page_noise=1e-2),
+]
+
+
+def cuda_battery(device: str, seed: int, paths=("four", "one")) -> list[CheckResult]:
+    """CUDA_CASES through the CUDA score kernel, each also failing if the kernel did not serve it (fell back to
+    Triton): the GPU check before timing `scorer_kernel="cuda"` (`python -m ...triton.checks --cuda`)."""
+    from ..cuda import score as cuda_score  # noqa: PLC0415 - needs a GPU to mean anything
+
+    results = []
+    for path in paths:
+        for i, case in enumerate(CUDA_CASES):
+            res = check_score_select(device, case, seed + i, torch.bfloat16,
+                                     tuning=ScoreTuning(select_path=path, **SCORER_KERNELS["cuda"]))
+            rc = RowConstants.of(SummaryLayout(SummaryFormat.parse(case.fmt), case.head_dim))
+            q = torch.empty((1, case.num_kv_heads * case.group, case.head_dim), dtype=torch.bfloat16, device=device)
+            rows = torch.empty((1, case.num_kv_heads, rc.row_bytes), dtype=torch.uint8, device=device)
+            why = cuda_score.fits(q, rows, rc, case.group)
+            res.expect(why is None, f"the CUDA kernel did not serve this case: {why}")
+            results.append(res)
+    return results
+
+
 def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, scorer: str = _SCORER_DEFAULT) -> list[CheckResult]:
     """Every select case (default: SELECT_CASES + MANY_PAGES_CASE) on bf16 queries, once per selection
     path, with the score kernel's code path `scorer` (score_select.SCORER_KERNELS): the GPU check to run
@@ -433,13 +464,16 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Kernel checks against the torch references.")
     parser.add_argument("--select", metavar="PATHS", help=f"only the select cases on bf16, for these paths "
                         f"(comma-separated, of {', '.join(SELECT_PATHS)})")
+    parser.add_argument("--cuda", action="store_true", help="the CUDA score kernel's cases (CUDA_CASES), four and one")
     parser.add_argument("--scorer", default=_SCORER_DEFAULT, choices=tuple(SCORER_KERNELS),
                         help="with --select: the score kernel's code path (score_select.SCORER_KERNELS)")
     args = parser.parse_args()
     devices = available_devices()
     if not devices:
         sys.exit("no device: set TRITON_INTERPRET=1 (CPU) or run on a GPU")
-    if args.select:
+    if args.cuda:
+        battery = cuda_battery(devices[0], fresh_seed())
+    elif args.select:
         paths = args.select.split(",")
         unknown = [p for p in paths if p not in SELECT_PATHS]
         if unknown:

@@ -14,6 +14,7 @@ import torch
 import triton.language as tl
 
 from ..config import PAGE_SIZE, check_combine_rule
+from ..cuda import score as _cuda_score
 from ..reference.packing import SummaryLayout
 from . import build as _build
 from . import decode as _decode
@@ -207,6 +208,11 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     pairs = num_seqs * num_kv_heads
     slots = tuning.programs_per_sm * num_sms(device_index(q))
     chunks = max(1, min(tuning.max_chunks, slots // pairs, cdiv(block_table.shape[1], tuning.tile)))
+    if tuning.cuda and _cuda_score.fits(q, summary_rows, rc, group) is None:
+        chunks = max(1, min(tuning.max_chunks, _cuda_score.MIN_PROGRAMS_PER_SM * num_sms(device_index(q)) // pairs,
+                            cdiv(block_table.shape[1], _cuda_score.TILE_PAGES)))
+        _cuda_score.launch(q, summary_rows, block_table, seq_lens, ws, rc, scale, num_kv_heads, chunks, _ss.MAX_CHUNKS)
+        return chunks
     rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
     if transposed_fits(tuning, rc, head_dim):
         _score_t._score_t_kernel[(pairs, chunks)](

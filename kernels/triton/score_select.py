@@ -100,6 +100,9 @@ class ScoreTuning:
     # apply to it. H200 (2026-11-30 s9, bs1): 27.9 / 12.2 µs at 128K / 32K over 4-page tiles, 25.8 / 8.9 over
     # 2-page tiles, against 29.5 / 10.0 for this kernel.
     transposed: bool = False
+    # cuda: the CUDA kernel (kernels/cuda/score_t.cu) where `kernels.cuda.score.fits` accepts the call (r8i4,
+    # d = 128, bf16 q, G <= 16, sm_90); the kernel this tuning otherwise names runs elsewhere.
+    cuda: bool = False
     # Selection after the score kernel (config.SELECT_PATHS): "four" (topk.py: keys, gather, resolve,
     # finalize), "three" (the same, the pair's last resolve program finalizes), "one" (topk_one.py: keys
     # per chunk, the pair's last program selects) or "row" (keys, then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
@@ -144,6 +147,7 @@ SCORER_KERNELS: dict[str, dict] = {
     "transposed": {"transposed": True, "narrow_offsets": True, "tile": 2},
     "pages": {},
     "lean": {"word_pairs": True, "exp2_epilogue": True, "narrow_offsets": True},
+    "cuda": {"cuda": True, "transposed": True, "narrow_offsets": True, "tile": 2},
 }
 # lean with V^T q in two bf16 terms (session 8's "lean2"): passes the interpreter tests (fp32 dots there) and
 # failed 3 of 22 bf16 select checks on the H200 (session 9, `gpu-checks-h200-s9.log`: whole pages wrong,
