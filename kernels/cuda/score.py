@@ -29,8 +29,9 @@ SOURCE = pathlib.Path(__file__).with_name("score_t.cu")
 KERNEL_NAME = "locks_score_t"
 ARCH = "sm_90a"
 TILE_PAGES = 4  # pages per tile in the kernel (its TILE)
-WARPS = 1
-MIN_PROGRAMS_PER_SM = 16  # __launch_bounds__ minimum: caps registers at 128 (no spill, `--sass` checks)
+WARPS = 4  # per program (CTA_WARPS): each warp takes every 4th tile of the program's chunk
+MIN_WARPS_PER_SM = 16  # __launch_bounds__ minimum: caps registers at 128 (no spill; tests/test_cuda_score.py)
+PROGRAMS_PER_SM = MIN_WARPS_PER_SM // WARPS
 MAX_GROUP = 16  # query heads per KV head: the mma's M
 
 
@@ -64,7 +65,7 @@ def compile_options(rc: RowConstants, rows_under_4gib: bool) -> list[str]:
     return [
         f"--gpu-architecture={ARCH}", "--use_fast_math", "-lineinfo",
         f"-DROW_BYTES={rc.row_bytes}", f"-DCOEF_OFF={rc.coef_offset}", f"-DBASIS_OFF={rc.basis_offset}",
-        f"-DSCALE_OFF={rc.scales_offset}", f"-DMIN_PROGRAMS={MIN_PROGRAMS_PER_SM}",
+        f"-DSCALE_OFF={rc.scales_offset}", f"-DCTA_WARPS={WARPS}", f"-DMIN_WARPS_PER_SM={MIN_WARPS_PER_SM}",
         f"-DROW_OFFSET_T={'unsigned int' if rows_under_4gib else 'unsigned long long'}",
     ]
 
@@ -138,7 +139,7 @@ def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool) -> Compi
 
 def launch(q, summary_rows, block_table, seq_lens, ws, rc: RowConstants, scale: float, num_kv_heads: int,
            chunks: int, max_chunks: int) -> None:
-    """One launch, grid (S * Hkv, chunks), one warp per program (arguments checked by ops.score_select)."""
+    """One launch, grid (S * Hkv, chunks), WARPS warps per program (arguments checked by ops.score_select)."""
     from cuda.bindings import driver
 
     num_seqs, num_q_heads, _ = q.shape

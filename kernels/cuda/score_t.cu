@@ -1,8 +1,10 @@
 // Page scores of score_select in CUDA (locks.md §2): the contract of kernels/triton/score_t.py, for r8i4
 // summaries, d = 128, bf16 queries and G <= 16 (kernels/cuda/score.py checks that and compiles this with NVRTC).
 //
-// One warp per program, grid (S * Hkv, chunks); each program scores the tiles [t_begin, t_end) of P = 4 pages
-// of one (sequence, KV head) for its G query heads (the mma's M = 16 rows; rows >= G are zero queries).
+// Grid (S * Hkv, chunks), CTA_WARPS warps per program; each program scores the tiles [t_begin, t_end) of
+// TILE = 4 pages of one (sequence, KV head) for its G query heads (the mma's M = 16 rows; rows >= G are zero
+// queries), warp w taking tiles t_begin + w, + CTA_WARPS, ... (more warps per SM hide the load latency that
+// one-warp programs left exposed: 17.8 µs at 128K bs1 with one warp, grid-limited to ~8 warps per SM).
 // Every operand is built in the register layout of the mma that reads it, so no layout goes through shared
 // memory and no word is shuffled between lanes before the epilogue. Lane l is (g = l / 4, t = l % 4) of the
 // PTX fragment tables.
@@ -24,8 +26,11 @@
 //  4. Epilogue: per (page, head) log-sum-exp over the 16 tokens (each lane holds 4), reduced across the quad
 //     so that lane t ends with page t's two rows, where step 2 left that page's q . mu.
 
-#ifndef MIN_PROGRAMS
-#define MIN_PROGRAMS 16  // one-warp programs per SM: caps registers at 128
+#ifndef CTA_WARPS
+#define CTA_WARPS 4
+#endif
+#ifndef MIN_WARPS_PER_SM
+#define MIN_WARPS_PER_SM 16  // caps registers at 128
 #endif
 
 typedef unsigned int u32;
@@ -106,12 +111,13 @@ __device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2
 
 __device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xFFFFFFFFu, v, mask); }
 
-extern "C" __global__ void __launch_bounds__(32, MIN_PROGRAMS) locks_score_t(
+extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / CTA_WARPS) locks_score_t(
     const u16* __restrict__ q, const unsigned char* __restrict__ rows, const int* __restrict__ block_table,
     const int* __restrict__ seq_lens, float* __restrict__ scores, float* __restrict__ chunk_max,
     float* __restrict__ chunk_sum, long long s_qs, long long s_qh, long long s_bt, int num_kv_heads,
     int max_pages, int num_chunks, int max_chunks, int group, int group_slots, float log2_scale) {
-    const int lane = threadIdx.x;
+    const int lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const int g = lane >> 2;
     const int t = lane & 3;
     const int pair = blockIdx.x;
@@ -167,14 +173,22 @@ extern "C" __global__ void __launch_bounds__(32, MIN_PROGRAMS) locks_score_t(
     float run_max[2] = {NEG_INF, NEG_INF};
     float run_sum[2] = {0.0f, 0.0f};
     const int* table_row = block_table + seq * s_bt;
-    for (int tile = t_begin; tile < t_end; ++tile) {
+    // Block ids one tile ahead (lane l holds page l % 4's; block 0 past n_full: any valid row, its results
+    // masked below): a tile's row loads then wait on one round trip, not two.
+    int next_blk;
+    {
+        const int page = (t_begin + warp) * TILE + t;
+        next_blk = (t_begin + warp < t_end && page < n_full) ? __ldg(table_row + page) : 0;
+    }
+    for (int tile = t_begin + warp; tile < t_end; tile += CTA_WARPS) {
         const int first = tile * TILE;
         ROW_OFFSET_T row_off[TILE];
 #pragma unroll
-        for (int p = 0; p < TILE; ++p) {
-            const int page = first + p;
-            const int blk = page < n_full ? __ldg(table_row + page) : 0;  // block 0: any valid row, masked below
-            row_off[p] = ((ROW_OFFSET_T)blk * num_kv_heads + head) * ROW_BYTES;
+        for (int p = 0; p < TILE; ++p)
+            row_off[p] = ((ROW_OFFSET_T)__shfl_sync(0xFFFFFFFFu, next_blk, p) * num_kv_heads + head) * ROW_BYTES;
+        {
+            const int page = first + CTA_WARPS * TILE + t;
+            next_blk = (tile + CTA_WARPS < t_end && page < n_full) ? __ldg(table_row + page) : 0;
         }
         // Every load of the tile first.
         uint4 basis[TILE];
@@ -316,16 +330,25 @@ extern "C" __global__ void __launch_bounds__(32, MIN_PROGRAMS) locks_score_t(
             }
         }
     }
-    // The chunk's (max, sum) per row over the quad's pages.
+    // The chunk's (max, sum) per row: over the quad's pages, then over the warps.
+    __shared__ float warp_max[CTA_WARPS][16], warp_sum[CTA_WARPS][16];
 #pragma unroll
     for (int h2 = 0; h2 < 2; ++h2) {
         merge_lse(run_max[h2], run_sum[h2], shfl_xor(run_max[h2], 1), shfl_xor(run_sum[h2], 1));
         merge_lse(run_max[h2], run_sum[h2], shfl_xor(run_max[h2], 2), shfl_xor(run_sum[h2], 2));
-        const int row = g + 8 * h2;
-        if (t == 0 && row < group_slots) {
-            const long long part = ((long long)pair * max_chunks + chunk) * group_slots + row;
-            chunk_max[part] = run_max[h2] * 0.6931471805599453f;
-            chunk_sum[part] = run_sum[h2];
+        if (t == 0) {
+            warp_max[warp][g + 8 * h2] = run_max[h2];
+            warp_sum[warp][g + 8 * h2] = run_sum[h2];
         }
+    }
+    __syncthreads();
+    if (threadIdx.x < 16 && (int)threadIdx.x < group_slots) {
+        const int row = threadIdx.x;
+        float m = warp_max[0][row], s = warp_sum[0][row];
+#pragma unroll
+        for (int w = 1; w < CTA_WARPS; ++w) merge_lse(m, s, warp_max[w][row], warp_sum[w][row]);
+        const long long part = ((long long)pair * max_chunks + chunk) * group_slots + row;
+        chunk_max[part] = m * 0.6931471805599453f;
+        chunk_sum[part] = s;
     }
 }

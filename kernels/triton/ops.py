@@ -209,8 +209,8 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     slots = tuning.programs_per_sm * num_sms(device_index(q))
     chunks = max(1, min(tuning.max_chunks, slots // pairs, cdiv(block_table.shape[1], tuning.tile)))
     if tuning.cuda and _cuda_score.fits(q, summary_rows, rc, group) is None:
-        chunks = max(1, min(tuning.max_chunks, _cuda_score.MIN_PROGRAMS_PER_SM * num_sms(device_index(q)) // pairs,
-                            cdiv(block_table.shape[1], _cuda_score.TILE_PAGES)))
+        chunks = max(1, min(tuning.max_chunks, _cuda_score.PROGRAMS_PER_SM * num_sms(device_index(q)) // pairs,
+                            cdiv(block_table.shape[1], _cuda_score.TILE_PAGES * _cuda_score.WARPS)))
         _cuda_score.launch(q, summary_rows, block_table, seq_lens, ws, rc, scale, num_kv_heads, chunks, _ss.MAX_CHUNKS)
         return chunks
     rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
