@@ -60,9 +60,14 @@ def fits(q: torch.Tensor, summary_rows: torch.Tensor, rc: RowConstants, group: i
     return None
 
 
-def compile_options(rc: RowConstants, rows_under_4gib: bool) -> list[str]:
+def lane_rows(group: int) -> int:
+    """Heads per lane in the kernel: 1 where G <= 8 (the spare mma rows carry V^T q's lo term), else 2."""
+    return 1 if group <= 8 else 2
+
+
+def compile_options(rc: RowConstants, rows_under_4gib: bool, rows_per_lane: int = 2) -> list[str]:
     """NVRTC options: the row layout as constants (offsets fold into the loads' immediates)."""
-    return [
+    return [f"-DLANE_ROWS={rows_per_lane}",
         f"--gpu-architecture={ARCH}", "--use_fast_math", "-lineinfo",
         f"-DROW_BYTES={rc.row_bytes}", f"-DCOEF_OFF={rc.coef_offset}", f"-DBASIS_OFF={rc.basis_offset}",
         f"-DSCALE_OFF={rc.scales_offset}", f"-DCTA_WARPS={WARPS}", f"-DMIN_WARPS_PER_SM={MIN_WARPS_PER_SM}",
@@ -114,9 +119,9 @@ _CACHE: dict[tuple, CompiledScorer] = {}
 _LOCK = threading.Lock()
 
 
-def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool) -> CompiledScorer:
-    """The kernel for this device and layout, compiled and loaded on first use (torch's context is current)."""
-    key = (device.index, rc, rows_under_4gib)
+def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool, rows_per_lane: int) -> CompiledScorer:
+    """The kernel for this device, layout and group size, compiled and loaded on first use (torch's context is current)."""
+    key = (device.index, rc, rows_under_4gib, rows_per_lane)
     with _LOCK:
         if key not in _CACHE:
             from cuda.bindings import driver
@@ -127,7 +132,7 @@ def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool) -> Compi
                 if not int(_driver_ok(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")):  # torch's primary context
                     dev = _driver_ok(driver.cuDeviceGet(device.index or 0), "cuDeviceGet")
                     _driver_ok(driver.cuCtxSetCurrent(_driver_ok(driver.cuDevicePrimaryCtxRetain(dev), "retain")), "cuCtxSetCurrent")
-                cubin = compile_cubin(compile_options(rc, rows_under_4gib))
+                cubin = compile_cubin(compile_options(rc, rows_under_4gib, rows_per_lane))
                 module = _driver_ok(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
                 function = _driver_ok(driver.cuModuleGetFunction(module, KERNEL_NAME.encode()), "cuModuleGetFunction")
                 regs = _driver_ok(driver.cuFuncGetAttribute(
@@ -145,7 +150,7 @@ def launch(q, summary_rows, block_table, seq_lens, ws, rc: RowConstants, scale: 
     num_seqs, num_q_heads, _ = q.shape
     group = num_q_heads // num_kv_heads
     rows_under_4gib = summary_rows.numel() < 2**32
-    kernel = load(q.device, rc, rows_under_4gib)
+    kernel = load(q.device, rc, rows_under_4gib, lane_rows(group))
     values = [
         ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(summary_rows.data_ptr()), ctypes.c_void_p(block_table.data_ptr()),
         ctypes.c_void_p(seq_lens.data_ptr()), ctypes.c_void_p(ws.scores.data_ptr()),

@@ -29,6 +29,12 @@
 #ifndef CTA_WARPS
 #define CTA_WARPS 4
 #endif
+// LANE_ROWS 2: G <= 16, each lane's rows g and g + 8 are heads. LANE_ROWS 1: G <= 8, rows 8..15 of the
+// contraction carry the lo term of V^T q (one tf32 mma per token block instead of two; rows g and g + 8 are
+// added where they live) and the epilogue runs on one row per lane.
+#ifndef LANE_ROWS
+#define LANE_ROWS 2
+#endif
 #ifndef MIN_WARPS_PER_SM
 #define MIN_WARPS_PER_SM 16  // caps registers at 128
 #endif
@@ -170,8 +176,12 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
     const u32 mu_bias = high_part ? 0xC308C308u : 0xC300C300u;  // -136, -128
     const int mu_page = g >> 1;
 
-    float run_max[2] = {NEG_INF, NEG_INF};
-    float run_sum[2] = {0.0f, 0.0f};
+    float run_max[LANE_ROWS], run_sum[LANE_ROWS];
+#pragma unroll
+    for (int h2 = 0; h2 < LANE_ROWS; ++h2) {
+        run_max[h2] = NEG_INF;
+        run_sum[h2] = 0.0f;
+    }
     const int* table_row = block_table + seq * s_bt;
     // Block ids one tile ahead (lane l holds page l % 4's; block 0 past n_full: any valid row, its results
     // masked below): a tile's row loads then wait on one round trip, not two.
@@ -241,7 +251,7 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
             }
         }
 
-        float y[TILE][2][4];  // logits in log2 units: [page][row g, g + 8][token 2t, 2t + 1, 8 + 2t, 9 + 2t]
+        float y[TILE][LANE_ROWS][4];  // logits in log2 units: [page][row g, g + 8][token 2t, 2t + 1, 8 + 2t, 9 + 2t]
 #pragma unroll
         for (int p = 0; p < TILE; ++p) {
             // 1. V^T q of page p: [16 heads, 8 columns]; this lane holds columns 2t, 2t + 1 of rows g, g + 8.
@@ -273,24 +283,30 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
                 const u32 b0 = __float_as_uint((float)(signed char)(c & 0xFFu));
                 const u32 b1 = __float_as_uint((float)(signed char)(c >> 8));
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_tf32(acc, a_lo[0], a_lo[1], a_lo[2], a_lo[3], b0, b1);
-                mma_tf32(acc, a_hi[0], a_hi[1], a_hi[2], a_hi[3], b0, b1);
                 const float ts0 = half_to_float(tok_scale_h[p][2 * u]);
                 const float ts1 = half_to_float(tok_scale_h[p][2 * u + 1]);
-                y[p][0][2 * u] = acc[0] * ts0;
-                y[p][0][2 * u + 1] = acc[1] * ts1;
+#if LANE_ROWS == 2
+                mma_tf32(acc, a_lo[0], a_lo[1], a_lo[2], a_lo[3], b0, b1);
+                mma_tf32(acc, a_hi[0], a_hi[1], a_hi[2], a_hi[3], b0, b1);
                 y[p][1][2 * u] = acc[2] * ts0;
                 y[p][1][2 * u + 1] = acc[3] * ts1;
+#else  // rows 8..15: the lo terms of rows 0..7
+                mma_tf32(acc, a_hi[0], a_lo[0], a_hi[2], a_lo[2], b0, b1);
+                acc[0] += acc[2];
+                acc[1] += acc[3];
+#endif
+                y[p][0][2 * u] = acc[0] * ts0;
+                y[p][0][2 * u + 1] = acc[1] * ts1;
             }
         }
         // 4. Per (page, row): the max over the quad (all four lanes then share it), this lane's 4 terms, and the
         // sums reduced across the quad so that lane t ends with page t: lanes t < 2 keep pages 0-1 (xor 2), then
         // lane t keeps page t (xor 1). Rows of pages past n_full hold garbage and stay in their own groups.
-        float gmax[TILE][2], gsum[TILE][2];
+        float gmax[TILE][LANE_ROWS], gsum[TILE][LANE_ROWS];
 #pragma unroll
         for (int p = 0; p < TILE; ++p) {
 #pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
+            for (int h2 = 0; h2 < LANE_ROWS; ++h2) {
                 const float* v = y[p][h2];
                 float m = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
                 m = fmaxf(m, shfl_xor(m, 1));
@@ -301,11 +317,11 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
         }
         const bool upper = t >= 2;
         const bool odd = (t & 1) != 0;
-        float kept[2][2];
+        float kept[2][LANE_ROWS];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
 #pragma unroll
-            for (int h2 = 0; h2 < 2; ++h2) {
+            for (int h2 = 0; h2 < LANE_ROWS; ++h2) {
                 const float send = upper ? gsum[i][h2] : gsum[2 + i][h2];
                 kept[i][h2] = (upper ? gsum[2 + i][h2] : gsum[i][h2]) + shfl_xor(send, 2);
             }
@@ -314,7 +330,7 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
         const bool valid = page < n_full;
         const float mu_scale = half_to_float(mu_scale_h) * log2_scale;
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
+        for (int h2 = 0; h2 < LANE_ROWS; ++h2) {
             const float s = (odd ? kept[1][h2] : kept[0][h2]) + shfl_xor(odd ? kept[0][h2] : kept[1][h2], 1);
             const float m = t == 0 ? gmax[0][h2] : t == 1 ? gmax[1][h2] : t == 2 ? gmax[2][h2] : gmax[3][h2];
             // mu_acc: columns 2t (high nibbles) and 2t + 1 (low) of page t, rows g (0, 1) and g + 8 (2, 3)
@@ -333,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
     // The chunk's (max, sum) per row: over the quad's pages, then over the warps.
     __shared__ float warp_max[CTA_WARPS][16], warp_sum[CTA_WARPS][16];
 #pragma unroll
-    for (int h2 = 0; h2 < 2; ++h2) {
+    for (int h2 = 0; h2 < LANE_ROWS; ++h2) {
         merge_lse(run_max[h2], run_sum[h2], shfl_xor(run_max[h2], 1), shfl_xor(run_sum[h2], 1));
         merge_lse(run_max[h2], run_sum[h2], shfl_xor(run_max[h2], 2), shfl_xor(run_sum[h2], 2));
         if (t == 0) {
@@ -342,7 +358,7 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
         }
     }
     __syncthreads();
-    if (threadIdx.x < 16 && (int)threadIdx.x < group_slots) {
+    if ((int)threadIdx.x < 8 * LANE_ROWS && (int)threadIdx.x < group_slots) {
         const int row = threadIdx.x;
         float m = warp_max[0][row], s = warp_sum[0][row];
 #pragma unroll
