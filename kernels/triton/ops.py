@@ -7,6 +7,7 @@ host, nothing is allocated inside (outputs and scratch come from the caller; use
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from ._common import (
 
 ScoreSelectWorkspace = _ss.ScoreSelectWorkspace
 DecodeWorkspace = _decode.DecodeWorkspace
+log = logging.getLogger(__name__)
 _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -193,6 +195,25 @@ def score_select(
     _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, tuning)
 
 
+_CUDA_DECLINED: set[str] = set()
+
+
+def _cuda_scorer_serves(q, summary_rows, rc: RowConstants, group: int) -> bool:
+    """Whether the CUDA score kernel takes this call; a reason it does not is logged once (Triton runs)."""
+    why = _cuda_score.fits(q, summary_rows, rc, group)
+    if why is not None and why not in _CUDA_DECLINED:
+        _CUDA_DECLINED.add(why)
+        log.warning("CUDA score kernel not used: %s; the Triton kernel runs", why)
+    return why is None
+
+
+def prepare_score_kernel(summary_rows: torch.Tensor, layout: SummaryLayout, group: int, tuning: _ss.ScoreTuning) -> None:
+    """Compile and load what `tuning`'s score kernel needs before a CUDA graph is captured (NVRTC, for the CUDA
+    kernel; a no-op otherwise, Triton compiles on its first eager call)."""
+    if tuning.cuda and summary_rows.is_cuda:
+        _cuda_score.load(summary_rows.device, RowConstants.of(layout), summary_rows.numel() < 2**32, _cuda_score.lane_rows(group))
+
+
 def transposed_fits(tuning: _ss.ScoreTuning, rc: RowConstants, head_dim: int) -> bool:
     """Whether `tuning` runs the transposed score kernel: asked for, int4 words, and the coefficient
     contraction's K = tile * next_pow2(r) a dot's 16 at least (else the pages kernel runs)."""
@@ -208,7 +229,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     pairs = num_seqs * num_kv_heads
     slots = tuning.programs_per_sm * num_sms(device_index(q))
     chunks = max(1, min(tuning.max_chunks, slots // pairs, cdiv(block_table.shape[1], tuning.tile)))
-    if tuning.cuda and _cuda_score.fits(q, summary_rows, rc, group) is None:
+    if tuning.cuda and _cuda_scorer_serves(q, summary_rows, rc, group):
         chunks = max(1, min(tuning.max_chunks, _cuda_score.PROGRAMS_PER_SM * num_sms(device_index(q)) // pairs,
                             cdiv(block_table.shape[1], _cuda_score.TILE_PAGES * _cuda_score.WARPS)))
         _cuda_score.launch(q, summary_rows, block_table, seq_lens, ws, rc, scale, num_kv_heads, chunks, _ss.MAX_CHUNKS)

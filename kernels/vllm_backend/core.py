@@ -335,6 +335,7 @@ class LocksImplMixin:
                 (k_cache.shape[0], self.num_kv_heads, self._layout.row_bytes), dtype=torch.uint8, device=k_cache.device
             )
             self._summary_key = key
+            self._ops.prepare(self._summary_rows, self._layout, self.num_heads // self.num_kv_heads)
         STORE.register(getattr(layer, "layer_name", f"layer@{id(self)}"), k_cache, self._summary_rows)
         return self._summary_rows
 

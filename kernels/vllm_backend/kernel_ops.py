@@ -44,6 +44,9 @@ class KernelOps(Protocol):
     def build_summaries(self, k_cache: torch.Tensor, block_ids: torch.Tensor, summary_rows: torch.Tensor, layout: SummaryLayout) -> None:
         """k_cache [NB, 16, Hkv, d], block_ids int32 [N] (<0 skipped) -> summary_rows uint8 [NB, Hkv, row_bytes] rows written."""
 
+    def prepare(self, summary_rows: torch.Tensor, layout: SummaryLayout, group: int) -> None:
+        """Once per rows allocation, before graph capture: load what the score kernel needs."""
+
     def layer_tables(self, k_caches, summary_rows, layout: SummaryLayout) -> Any:
         """What build_summaries_layers needs to reach L layers' caches and rows (built once, reused)."""
 
@@ -69,6 +72,9 @@ class ReferenceOps:
     name = "reference"
 
     def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> None:
+        return None
+
+    def prepare(self, summary_rows, layout, group: int) -> None:
         return None
 
     def build_summaries(self, k_cache, block_ids, summary_rows, layout) -> None:
@@ -147,6 +153,10 @@ class TritonOps:
 
     def build_summaries(self, k_cache, block_ids, summary_rows, layout) -> None:
         self._ops.build_summaries(k_cache, block_ids, summary_rows, layout)
+
+    def prepare(self, summary_rows, layout, group: int) -> None:
+        """Before graph capture: load what the score kernel needs (the CUDA kernel's NVRTC compile)."""
+        self._ops.prepare_score_kernel(summary_rows, layout, group, self._tuning)
 
     def layer_tables(self, k_caches, summary_rows, layout) -> Any:
         return self._ops.layer_tables(k_caches, summary_rows, layout)
