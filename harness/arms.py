@@ -158,8 +158,10 @@ _LOCKS_VARIANTS = (
     # with select='one', before it became the default).
     ("locks-pages", "the score kernel before session 9 (scorer_kernel='pages': pages x basis columns as the dots' M)",
      {"scorer_kernel": "pages"}),
-    ("locks-cuda", "the CUDA score kernel (scorer_kernel='cuda': operands built in the mma register layouts)",
+    ("locks-cuda", "the CUDA score kernel (scorer_kernel='cuda', the default since session 10, pinned)",
      {"scorer_kernel": "cuda"}),
+    ("locks-transposed", "the Triton transposed score kernel (scorer_kernel='transposed': the default of session 9)",
+     {"scorer_kernel": "transposed"}),
     ("locks-one-cuda", "the CUDA score kernel and the one-launch selection", {"scorer_kernel": "cuda", "select": "one"}),
     ("locks-lean", "the pages score kernel's instruction diet (scorer_kernel='lean': same scores up to fp32 rounding)",
      {"scorer_kernel": "lean"}),

@@ -90,14 +90,14 @@ class SummaryFormat:
 # Every path selects the same pages.
 SELECT_PATHS: tuple[str, ...] = ("four", "three", "one", "row")
 # The score kernel's code paths by name (`triton.score_select.SCORER_KERNELS`), the production one first:
-# "transposed" (query heads as the dots' M, V^T q never leaves registers, 2-page tiles: `triton/score_t.py`;
+# "cuda" (kernels/cuda/score_t.cu: every operand built in its mma's register layout; r8i4, d = 128, bf16 q,
+# G <= 16 on sm_90, the transposed kernel elsewhere; the H200 pair of session 10: -0.49 ms per step at 128K,
+# 1.16x FA3), "transposed" (query heads as the dots' M, V^T q never leaves registers, 2-page tiles: `triton/score_t.py`;
 # the H200 pair of session 9: -0.25 ms per step at 128K), "pages" (pages x basis columns as M: the kernel
 # before session 9), "lean" (pages, with paired int4 codes, a log2 epilogue and 32-bit row offsets: the same
 # scores up to fp32 rounding, fewer instructions). (Session 8's "lean2", V^T q in two bf16 terms, failed
 # bf16 select checks on the H200 in session 9 and is no longer offered: `score_select.TWO_TERM_DIET`.)
-# "cuda" (kernels/cuda/score_t.cu: every operand built in its mma's register layout; r8i4, d = 128, bf16 q,
-# G <= 16 on sm_90, the transposed kernel elsewhere).
-SCORER_KERNELS: tuple[str, ...] = ("transposed", "pages", "lean", "cuda")
+SCORER_KERNELS: tuple[str, ...] = ("cuda", "transposed", "pages", "lean")
 
 
 @dataclass(frozen=True)

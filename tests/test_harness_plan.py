@@ -124,7 +124,8 @@ def test_arms_come_from_the_registry():
     both = parse_settings(get_arm("locks-one-pdl").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
     assert both.pdl and both.select == "one" and both.locks.selection.page_budget == 128
     assert parse_settings(get_arm("locks-three").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"]).select == "three"
-    for name, kernel in (("locks-pages", "pages"), ("locks-lean", "lean")):  # other scorers, same pages
+    for name, kernel in (("locks-pages", "pages"), ("locks-lean", "lean"), ("locks-cuda", "cuda"),
+                         ("locks-transposed", "transposed")):  # other scorers, same pages
         lean = parse_settings(get_arm(name).engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
         assert lean.scorer_kernel == kernel and lean.select == "four" and not lean.pdl
     peer = get_arm("locks-kv")

@@ -100,7 +100,7 @@ def test_settings_parse_every_key():
     assert settings.select == "four" and parse_settings({"select": "one"}).select == "one"
     assert "select=one" in parse_settings({"select": "one"}).describe()
     assert not settings.pdl and parse_settings({"pdl": True}).pdl and "pdl=True" in parse_settings({"pdl": True}).describe()
-    assert settings.scorer_kernel == "transposed" and parse_settings({"scorer_kernel": "lean"}).scorer_kernel == "lean"
+    assert settings.scorer_kernel == "cuda" and parse_settings({"scorer_kernel": "lean"}).scorer_kernel == "lean"
     assert "scorer_kernel=lean" in parse_settings({"scorer_kernel": "lean"}).describe()
 
 
@@ -116,7 +116,8 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
         ops = TritonOps("one", False, name)
         assert ops._tuning == replace(DEFAULT_TUNING, select_path="one", **fields)
     assert TritonOps(scorer_kernel="pages")._tuning.transposed is False and TritonOps()._tuning.transposed
-    with pytest.raises(ConfigError, match="use one of transposed, pages, lean"):
+    assert TritonOps()._tuning.cuda and not TritonOps(scorer_kernel="transposed")._tuning.cuda
+    with pytest.raises(ConfigError, match="use one of cuda, transposed, pages, lean"):
         parse_settings({"scorer_kernel": "lean2"})  # wrong on the H200 (session 9): not offered
 
 
@@ -133,7 +134,7 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
         ({"select": "two"}, "select 'two' unknown; use one of four, three, one, row"),
         ({"pdl": "yes"}, "pdl must be true or false"),
-        ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of transposed, pages, lean"),
+        ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of cuda, transposed, pages, lean"),
         ([1, 2], "must be a dict"),
     ],
 )

@@ -144,10 +144,10 @@ class ScoreTuning:
 DEFAULT_TUNING = ScoreTuning()
 # config.SCORER_KERNELS -> the ScoreTuning fields each name sets (the backend's `scorer_kernel` setting).
 SCORER_KERNELS: dict[str, dict] = {
+    "cuda": {"cuda": True, "transposed": True, "narrow_offsets": True, "tile": 2},  # the transposed kernel where it declines
     "transposed": {"transposed": True, "narrow_offsets": True, "tile": 2},
     "pages": {},
     "lean": {"word_pairs": True, "exp2_epilogue": True, "narrow_offsets": True},
-    "cuda": {"cuda": True, "transposed": True, "narrow_offsets": True, "tile": 2},
 }
 # lean with V^T q in two bf16 terms (session 8's "lean2"): passes the interpreter tests (fp32 dots there) and
 # failed 3 of 22 bf16 select checks on the H200 (session 9, `gpu-checks-h200-s9.log`: whole pages wrong,

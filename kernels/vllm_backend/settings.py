@@ -40,8 +40,10 @@ class BackendSettings:
     are the same on every path, only launches and time differ.
     pdl: the decode kernels use programmatic dependent launch (sm_90; each kernel's programs are
     scheduled while the previous one finishes). Same results; within 1% in the H200 pair of session 6, so off.
-    scorer_kernel: the score kernel's code path (config.SCORER_KERNELS): "transposed" (production), "pages"
-    (the kernel before it), or that kernel's instruction diet "lean" (same scores up to fp32 rounding).
+    scorer_kernel: the score kernel's code path (config.SCORER_KERNELS): "cuda" (production: the CUDA kernel
+    where it serves the call, r8i4 / d=128 / bf16 / G <= 16 on sm_90, else "transposed"), "transposed" (the
+    Triton kernel of session 9), "pages" (the one before it), or its instruction diet "lean" (same scores up
+    to fp32 rounding).
     debug_capture_layers: layer indices whose per-step decode inputs/outputs are kept for checks
     (eager only; see `debug.py`). Empty in production.
     """
