@@ -92,17 +92,9 @@ __device__ __forceinline__ float half_to_float(u16 h) {
     return f;
 }
 
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ float lg2(float x) {
-    float y;
-    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
+// With --use_fast_math these are single MUFU instructions (ex2.approx.ftz, lg2.approx.ftz), like Triton's.
+__device__ __forceinline__ float ex2(float x) { return exp2f(x); }
+__device__ __forceinline__ float lg2(float x) { return __log2f(x); }
 
 // (m, s) <- the log-sum-exp pair of (m, s) and (m2, s2): s counts 2^(x - m) (log2 units); (-inf, 0) is empty.
 __device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2) {
