@@ -105,15 +105,25 @@ def profile_graph(fn, replays: int, calls_per_replay: int) -> dict[str, float]:
     return mean_kernel_us(kernels, replays * calls_per_replay)
 
 
+# --between-layers: the weight a bs-1 MLP-sized product streams between two layers' score + select (hidden x
+# MLP_WIDTH_FACTOR hidden, bf16: ~200 MB at hidden 4096). Like the engine's GEMMs, it fills every SM and
+# evicts L2 between layers, which a chain of score + select alone does not.
+MLP_WIDTH_FACTOR = 6
+
+
 def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int,
                variants=VARIANTS, flat: bool = False, table_pages: int = 0, profile: bool = False,
-               query_scale: float = 1.0) -> list[dict]:
+               query_scale: float = 1.0, between_layers: bool = False) -> list[dict]:
     """flat: zero queries, so every page scores the same and every key ties (the select path's worst case).
     query_scale: queries times this; a small one (1e-5 .. 3e-2) gives near-tied keys, which crowd the
     threshold bin without tying it (what dummy-weight attention may look like; session 8 timed 1e-5, 1e-3, 3e-2).
     table_pages: block-table width (and workspace pages) when wider than the context's, as in an engine
     whose max_model_len exceeds the context: launch shapes follow the width, not the live pages.
-    profile: also each kernel's µs per call (`profile_graph`), after the timings."""
+    profile: also each kernel's µs per call (`profile_graph`), after the timings.
+    between_layers: also the chain with an MLP-sized product after each layer (`MLP_WIDTH_FACTOR`), as the
+    engine interleaves them: `in_chain_us` = (that chain - the products alone) per layer, and with profile
+    `chain_kernel_us`, each kernel's µs inside it (session 10: the one-launch selection takes ~13 µs per layer
+    more in the engine at 128K than alone, on the same keys)."""
     k_pages = SelectionConfig(budget_tokens=budget_tokens).page_budget
     scale = geom.head_dim**-0.5
     q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
@@ -125,6 +135,17 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
         bt = torch.nn.functional.pad(bt, (0, table_pages - bt.shape[1])).contiguous()
     seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device="cuda")
     ws = ops.score_select_workspace(batch, geom.num_kv_heads, bt.shape[1], "cuda", group_size=geom.group)
+    if between_layers:
+        hidden = geom.num_q_heads * geom.head_dim
+        mlp_in = torch.randn((batch, hidden), device="cuda", dtype=torch.bfloat16)
+        mlp_weight = torch.randn((hidden, MLP_WIDTH_FACTOR * hidden), device="cuda", dtype=torch.bfloat16)
+        mlp_out = torch.empty((batch, MLP_WIDTH_FACTOR * hidden), device="cuda", dtype=torch.bfloat16)
+
+        def mlps():
+            for _ in state.rows:
+                torch.matmul(mlp_in, mlp_weight, out=mlp_out)
+
+        mlp_us = _time_graph(mlps, replays, state.copies)["mean_us"]
     rows_out = []
     reference = None
     for tuning in variants:
@@ -157,6 +178,17 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                        chained_us=_time_graph(chained, replays, state.copies)["mean_us"])
             if profile:
                 row["kernel_us"] = {**profile_graph(score, replays, state.copies), **profile_graph(select, replays, state.copies)}
+            if between_layers:
+                def chain_with_mlp(chunks=chunks, selected=selected, tuning=tuning):
+                    for rows in state.rows:
+                        ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
+                        ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
+                        torch.matmul(mlp_in, mlp_weight, out=mlp_out)
+
+                with_mlp = _time_graph(chain_with_mlp, replays, state.copies)["mean_us"]
+                row.update(mlp_us=mlp_us, in_chain_us=with_mlp - mlp_us)
+                if profile:
+                    row["chain_kernel_us"] = profile_graph(chain_with_mlp, replays, state.copies)
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
             log.warning("variant %s failed: %s", tuning, exc)
             row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
@@ -217,6 +249,15 @@ def markdown(rows: list[dict]) -> str:
             chained = f"{r['chained_us']:.1f}" if "chained_us" in r else "—"  # records before session 7 lack it
             lines.append(head + f"| {r['chunks']} | {r['mean_us']:.1f} ± {r['sd_us']:.1f} | {r['select_us']:.1f} | {chained} "
                          f"| {r['same_selection']} ({check}) |")
+    chained_mlp = [r for r in rows if "in_chain_us" in r]
+    if chained_mlp:  # score + select between MLP-sized products, as the engine runs them
+        lines += ["", "| context | variant (score, select path) | score + select between MLP products µs (products alone) "
+                  "| µs per kernel in that chain |", "|---|---|---|---|"]
+        for r in chained_mlp:
+            t = r["tuning"]
+            kernels = ", ".join(f"{name[:40]} {us:.1f}" for name, us in r.get("chain_kernel_us", {}).items())
+            lines.append(f"| {format_size(r['context_tokens'])} | {_nibble_path(t)}, {_select_path(t)} "
+                         f"| {r['in_chain_us']:.1f} ({r['mlp_us']:.1f}) | {kernels or '—'} |")
     profiled = [r for r in rows if r.get("kernel_us")]
     if profiled:  # where each chain's time goes, per launch
         lines += ["", "| context | variant (score, select path) | µs per kernel (profiler, graph replays) |", "|---|---|---|"]
@@ -241,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flat", action="store_true", help="zero queries: every key ties (dummy-weight engines)")
     parser.add_argument("--query-scale", type=float, default=1.0,
                         help="scale the random queries (1e-3: near-tied keys, as a dummy-weight engine gives them)")
+    parser.add_argument("--between-layers", action="store_true",
+                        help="also time score + select between MLP-sized products, layer by layer, as the engine runs them")
     parser.add_argument("--table-pages", type=int, default=0, help="block-table width (an engine's max_model_len / 16)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
@@ -263,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         state = _ContextState(geom, layout, context, max(batches), gen)
         for batch in batches:
             cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, chosen, args.flat, args.table_pages, args.profile,
-                              args.query_scale)
+                              args.query_scale, args.between_layers)
             rows.extend(cell)
             if args.out:
                 with open(args.out, "a") as f:
