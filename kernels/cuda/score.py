@@ -14,6 +14,7 @@ in the layout of the mma that reads it (~840 SASS per 4-page tile, `python -m lo
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import logging
 import pathlib
@@ -68,6 +69,7 @@ def lane_rows(group: int) -> int:
     return 1 if group <= 8 else 2
 
 
+@functools.cache  # `fits` runs on every eager launch
 def _has_cuda_bindings() -> bool:
     try:
         return importlib.util.find_spec("cuda.bindings") is not None
@@ -77,8 +79,8 @@ def _has_cuda_bindings() -> bool:
 
 def compile_options(rc: RowConstants, rows_under_4gib: bool, rows_per_lane: int = 2) -> list[str]:
     """NVRTC options: the row layout as constants (offsets fold into the loads' immediates)."""
-    return [f"-DLANE_ROWS={rows_per_lane}",
-        f"--gpu-architecture={ARCH}", "--use_fast_math", "-lineinfo",
+    return [
+        f"--gpu-architecture={ARCH}", "--use_fast_math", "-lineinfo", f"-DLANE_ROWS={rows_per_lane}",
         f"-DROW_BYTES={rc.row_bytes}", f"-DCOEF_OFF={rc.coef_offset}", f"-DBASIS_OFF={rc.basis_offset}",
         f"-DSCALE_OFF={rc.scales_offset}", f"-DCTA_WARPS={WARPS}", f"-DMIN_WARPS_PER_SM={MIN_WARPS_PER_SM}",
         f"-DROW_OFFSET_T={'unsigned int' if rows_under_4gib else 'unsigned long long'}",
@@ -152,6 +154,11 @@ def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool, rows_per
         return _CACHE[key]
 
 
+def load_for(summary_rows: torch.Tensor, rc: RowConstants, group: int) -> CompiledScorer:
+    """`load` of the variant that serves these rows (offset width) and this group size (heads per lane)."""
+    return load(summary_rows.device, rc, summary_rows.numel() < 2**32, lane_rows(group))
+
+
 def launch(q, summary_rows, block_table, seq_lens, ws, rc: RowConstants, scale: float, num_kv_heads: int,
            chunks: int, max_chunks: int) -> None:
     """One launch, grid (S * Hkv, chunks), WARPS warps per program (arguments checked by ops.score_select)."""
@@ -159,8 +166,7 @@ def launch(q, summary_rows, block_table, seq_lens, ws, rc: RowConstants, scale: 
 
     num_seqs, num_q_heads, _ = q.shape
     group = num_q_heads // num_kv_heads
-    rows_under_4gib = summary_rows.numel() < 2**32
-    kernel = load(q.device, rc, rows_under_4gib, lane_rows(group))
+    kernel = load_for(summary_rows, rc, group)
     values = [
         ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(summary_rows.data_ptr()), ctypes.c_void_p(block_table.data_ptr()),
         ctypes.c_void_p(seq_lens.data_ptr()), ctypes.c_void_p(ws.scores.data_ptr()),

@@ -211,7 +211,7 @@ def prepare_score_kernel(summary_rows: torch.Tensor, layout: SummaryLayout, grou
     """Compile and load what `tuning`'s score kernel needs before a CUDA graph is captured (NVRTC, for the CUDA
     kernel; a no-op otherwise, Triton compiles on its first eager call)."""
     if tuning.cuda and summary_rows.is_cuda:
-        _cuda_score.load(summary_rows.device, RowConstants.of(layout), summary_rows.numel() < 2**32, _cuda_score.lane_rows(group))
+        _cuda_score.load_for(summary_rows, RowConstants.of(layout), group)
 
 
 def transposed_fits(tuning: _ss.ScoreTuning, rc: RowConstants, head_dim: int) -> bool:
@@ -227,13 +227,17 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     group = num_q_heads // num_kv_heads
     rc = RowConstants.of(layout)
     pairs = num_seqs * num_kv_heads
-    slots = tuning.programs_per_sm * num_sms(device_index(q))
-    chunks = max(1, min(tuning.max_chunks, slots // pairs, cdiv(block_table.shape[1], tuning.tile)))
+
+    def grid_chunks(programs_per_sm: int, pages_per_step: int) -> int:
+        """Chunks per pair: every program slot of one wave, at most max_chunks, at least one step of pages each."""
+        slots = programs_per_sm * num_sms(device_index(q))
+        return max(1, min(tuning.max_chunks, slots // pairs, cdiv(block_table.shape[1], pages_per_step)))
+
     if tuning.cuda and _cuda_scorer_serves(q, summary_rows, rc, group):
-        chunks = max(1, min(tuning.max_chunks, _cuda_score.PROGRAMS_PER_SM * num_sms(device_index(q)) // pairs,
-                            cdiv(block_table.shape[1], _cuda_score.TILE_PAGES * _cuda_score.WARPS)))
+        chunks = grid_chunks(_cuda_score.PROGRAMS_PER_SM, _cuda_score.TILE_PAGES * _cuda_score.WARPS)
         _cuda_score.launch(q, summary_rows, block_table, seq_lens, ws, rc, scale, num_kv_heads, chunks, _ss.MAX_CHUNKS)
         return chunks
+    chunks = grid_chunks(tuning.programs_per_sm, tuning.tile)
     rows_u8, rows_i8, rows_f16 = row_views(summary_rows)
     if transposed_fits(tuning, rc, head_dim):
         _score_t._score_t_kernel[(pairs, chunks)](
