@@ -41,7 +41,7 @@ VARIANTS = (
     # (contexts > 147K tokens), or over 64 chunks. In the vLLM pair of s6: -0.26 ms per step at 32K,
     # +0.95 ms at 128K, against ~-2 µs per layer alone at 128K in s5 (the [8192] + [1024] size never timed alone)
     ScoreTuning(select_path="one"),
-    ScoreTuning(select_path="one", register_select=False),
+    ScoreTuning(select_path="one", select_tail="memory"),
     ScoreTuning(select_path="three"),  # four launches' kernels, the last resolve program finalizes (s6, untimed)
     ScoreTuning(select_path="one", select_chunks=64),
     ScoreTuning(select_path="one", select_warps=4),  # the one-launch kernel's warps (8 by default; 255 registers)
@@ -79,6 +79,12 @@ VARIANTS = (
     # tiles, ~840 SASS per tile against the transposed kernel's ~800 per 2 pages
     ScoreTuning(**SCORER_KERNELS["cuda"]),
     ScoreTuning(select_path="one", **SCORER_KERNELS["cuda"]),
+    # The one-launch selection's last program in two short loops (session 11, topk_one._select_by_loops): 3.4K
+    # SASS for the whole kernel against the register tail's 23.9K, which between MLP-sized products (as in the
+    # engine, where every layer's GEMMs evict L2) took 30.3 µs at 128K against 15.1 alone
+    ScoreTuning(select_path="one", select_tail="loops", **SCORER_KERNELS["cuda"]),
+    ScoreTuning(select_path="one", select_tail="loops", tail_block=4096, **SCORER_KERNELS["cuda"]),
+    ScoreTuning(select_path="one", select_tail="loops", tail_block=1024, **SCORER_KERNELS["cuda"]),
     # Earlier defaults and the launch shapes they beat: docs/results/score-sweep-h200*.md (sessions 1-6).
 )
 
@@ -232,6 +238,9 @@ def _select_path(tuning: dict) -> str:
     name = tuning.get("select_path") or ("row" if tuning.get("row_select") else "four")
     path = {"row": "row (2 launches)", "four": f"4 launches, {chunks}", "three": f"3 launches, {chunks}",
             "one": f"1 launch, {chunks}"}[name]
+    if name == "one":  # records before session 11 carry register_select instead of select_tail
+        tail = tuning.get("select_tail") or ("registers" if tuning.get("register_select", True) else "memory")
+        path += f", {tail} tail" + (f" of {tuning['tail_block']}" if tuning.get("tail_block") else "")
     return path + ("" if tuning.get("coarse_pick", False) else ", full-scan pick")
 
 

@@ -180,7 +180,23 @@ def test_one_launch_select_memory_paths_match_reference(device, case, cand, monk
     from locks_toolkit.kernels.triton import topk_one
 
     monkeypatch.setattr(topk_one, "CAND", cand)
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one", register_select=False))
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one", select_tail="memory"))
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", ROW_CASES, ids=_case_id)
+@pytest.mark.parametrize("block,compact", [(16, 1), (16, 256), (2048, 256)])
+def test_one_launch_loop_tail_matches_reference(device, case, block, compact, monkeypatch):
+    """The one-launch path's loop tail (`select_tail="loops"`): with 16-key steps every case takes several
+    steps of both passes and the prefetch of the next step; compact=1 sends every bin of two pages or more to
+    the binary search over the compacted list (flat pages: a bin of one value, no search pass), 256 (the
+    production size) resolves the bin in registers; 2048 is the production step (one step here)."""
+    from locks_toolkit.kernels.triton import topk_one
+
+    monkeypatch.setattr(topk_one, "LOOP_BLOCK", block)
+    monkeypatch.setattr(topk_one, "COMPACT", compact)
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one", select_tail="loops"))
     assert result.ok, str(result)
 
 
@@ -235,7 +251,7 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     picks = []
     for tuning in (ScoreTuning(select_path="row"), ScoreTuning(), ScoreTuning(select_path="one"),
-                   ScoreTuning(select_path="three"), ScoreTuning(select_path="one", register_select=False),
+                   ScoreTuning(select_path="three"), ScoreTuning(select_path="one", select_tail="memory"),
                    ScoreTuning(select_path="row", coarse_pick=False), ScoreTuning(select_path="one", coarse_pick=False),
                    ScoreTuning(coarse_pick=False), ScoreTuning()):
         selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
@@ -248,7 +264,7 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", ["one", "one-memory", "four", "three", "row"])
+@pytest.mark.parametrize("path", ["one", "one-memory", "one-loops", "four", "three", "row"])
 def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path):
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
@@ -276,7 +292,7 @@ def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(devic
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
     ops.score_select(q.to(device), rows, table, lens, selected, layout, k, d**-0.5, workspace=ws,
-                     tuning=ScoreTuning(select_path=path.split("-")[0], register_select=path != "one-memory"))
+                     tuning=ScoreTuning(select_path=path.split("-")[0], select_tail=(path.split("-") + ["registers"])[1]))
     contested = ws.keys[: seqs * hkv, 1 : pages - 1]
     assert bool(((contested == contested.min(dim=1, keepdim=True).values).sum(dim=1) > 100).all())  # the ties at stake
     assert selection_problems(selected, ws.keys, seq_len, k) is None, selected.tolist()

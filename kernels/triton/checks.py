@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import PAGE_SIZE, SELECT_PATHS, SummaryFormat, cdiv, scored_pages
+from ..config import PAGE_SIZE, SELECT_PATHS, SELECT_TAILS, SummaryFormat, cdiv, scored_pages
 from ..reference.attention import paged_decode_reference
 from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
 from ..reference.score import summary_page_scores
@@ -396,16 +396,17 @@ CUDA_CASES = [
 ]
 
 
-def cuda_battery(device: str, seed: int, paths=("four", "one")) -> list[CheckResult]:
+def cuda_battery(device: str, seed: int, paths=("four", "one"), tail: str = SELECT_TAILS[0]) -> list[CheckResult]:
     """CUDA_CASES through the CUDA score kernel, each also failing if the kernel did not serve it (fell back to
-    Triton): the GPU check before timing `scorer_kernel="cuda"` (`python -m ...triton.checks --cuda`)."""
+    Triton): the GPU check before timing `scorer_kernel="cuda"` (`python -m ...triton.checks --cuda`); `tail`:
+    the one-launch path's last program (config.SELECT_TAILS)."""
     from ..cuda import score as cuda_score  # noqa: PLC0415 - needs a GPU to mean anything
 
     results = []
     for path in paths:
         for i, case in enumerate(CUDA_CASES):
             res = check_score_select(device, case, seed + i, torch.bfloat16,
-                                     tuning=ScoreTuning(select_path=path, **SCORER_KERNELS["cuda"]))
+                                     tuning=ScoreTuning(select_path=path, select_tail=tail, **SCORER_KERNELS["cuda"]))
             rc = RowConstants.of(SummaryLayout(SummaryFormat.parse(case.fmt), case.head_dim))
             q = torch.empty((1, case.num_kv_heads * case.group, case.head_dim), dtype=torch.bfloat16, device=device)
             rows = torch.empty((1, case.num_kv_heads, rc.row_bytes), dtype=torch.uint8, device=device)
@@ -415,15 +416,16 @@ def cuda_battery(device: str, seed: int, paths=("four", "one")) -> list[CheckRes
     return results
 
 
-def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, scorer: str = _SCORER_DEFAULT) -> list[CheckResult]:
+def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, scorer: str = _SCORER_DEFAULT,
+                   tail: str = SELECT_TAILS[0]) -> list[CheckResult]:
     """Every select case (default: SELECT_CASES + MANY_PAGES_CASE) on bf16 queries, once per selection
     path, with the score kernel's code path `scorer` (score_select.SCORER_KERNELS): the GPU check to run
     before timing a selection or scorer change (`python -m ...triton.checks --select four,three,one
-    [--scorer lean]`). The interpreter runs a launch's programs one after another, so a race between
+    [--scorer lean] [--tail loops]`). The interpreter runs a launch's programs one after another, so a race between
     programs of one kernel shows only here (session 8: `gpu-checks-h200-s8.log`)."""
     cases = SELECT_CASES + [MANY_PAGES_CASE] if cases is None else cases
     return [check_score_select(device, c, seed + i, torch.bfloat16,
-                               tuning=ScoreTuning(select_path=path, **SCORER_KERNELS[scorer]))
+                               tuning=ScoreTuning(select_path=path, select_tail=tail, **SCORER_KERNELS[scorer]))
             for path in paths for i, c in enumerate(cases)]
 
 
@@ -471,18 +473,20 @@ if __name__ == "__main__":
     parser.add_argument("--cuda", action="store_true", help="the CUDA score kernel's cases (CUDA_CASES), four and one")
     parser.add_argument("--scorer", default=_SCORER_DEFAULT, choices=tuple(SCORER_KERNELS),
                         help="with --select: the score kernel's code path (score_select.SCORER_KERNELS)")
+    parser.add_argument("--tail", default=SELECT_TAILS[0], choices=SELECT_TAILS,
+                        help="with --select or --cuda: the one-launch path's last program (config.SELECT_TAILS)")
     args = parser.parse_args()
     devices = available_devices()
     if not devices:
         sys.exit("no device: set TRITON_INTERPRET=1 (CPU) or run on a GPU")
     if args.cuda:
-        battery = cuda_battery(devices[0], fresh_seed())
+        battery = cuda_battery(devices[0], fresh_seed(), tail=args.tail)
     elif args.select:
         paths = args.select.split(",")
         unknown = [p for p in paths if p not in SELECT_PATHS]
         if unknown:
             sys.exit(f"--select: unknown path(s) {unknown}; choose from {', '.join(SELECT_PATHS)}")
-        battery = select_battery(devices[0], fresh_seed(), paths, scorer=args.scorer)
+        battery = select_battery(devices[0], fresh_seed(), paths, scorer=args.scorer, tail=args.tail)
     else:
         battery = full_battery(devices[0], fresh_seed())
     for result in battery:

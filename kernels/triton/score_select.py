@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..config import SCORER_KERNELS as _SCORER_KERNEL_NAMES
-from ..config import SELECT_PATHS
+from ..config import SELECT_PATHS, SELECT_TAILS
 from ._common import enter_dependent, mm
 
 # Cost model (r8i4, G=8, d=128): the scorer streams 832 B per scored page but is bound by latency,
@@ -110,9 +110,11 @@ class ScoreTuning:
     # (session 6, `bench-decode-glm4-40L-fa3-locks-async-h200-s6.md`) it saved 0.26 ms per step at 32K
     # and cost 0.95 ms at 128K, so "four" stays the default (the bench's `locks-one` arm runs "one").
     select_path: str = "four"
-    # The one-launch path's last program: True holds the contested keys in registers when they fit
-    # (topk_one.REG_LARGE * 9/8 pages); False always streams them from memory (what longer contexts do).
-    register_select: bool = True
+    # The one-launch path's last program (config.SELECT_TAILS): "registers" holds the contested keys in
+    # register tensors when they fit (topk_one.REG_LARGE * 9/8 pages), "memory" always streams them from
+    # memory (what longer contexts do there), "loops" runs two short loops over them at any context.
+    select_tail: str = "registers"
+    tail_block: int | None = None  # keys per step of the "loops" tail; None: topk_one.LOOP_BLOCK
     select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.SELECT_WARPS
     # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):
     # each kernel's programs are scheduled while the previous one finishes. In the vLLM pair (H200,
@@ -132,6 +134,8 @@ class ScoreTuning:
             raise ValueError(f"coef_terms {self.coef_terms} must be 2 or 3 (bf16 terms of V^T q)")
         if self.select_path not in SELECT_PATHS:
             raise ValueError(f"select_path {self.select_path!r} must be one of {SELECT_PATHS}")
+        if self.select_tail not in SELECT_TAILS:
+            raise ValueError(f"select_tail {self.select_tail!r} must be one of {SELECT_TAILS}")
         for name in ("max_chunks", "select_chunks"):
             if not 1 <= getattr(self, name) <= MAX_CHUNKS:
                 raise ValueError(f"{name} {getattr(self, name)} must be in 1..{MAX_CHUNKS} (the workspace capacity)")

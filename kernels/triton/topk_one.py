@@ -40,6 +40,7 @@ SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread
 # against 21.2 / 23.7 (four: 29.3 / 30.4). 16 warps cap the kernel at 128 registers and it spills (two
 # accesses in its loop), so 8 stays (255 registers, no spill); `ScoreTuning(select_warps=16)` times the other.
 SELECT_WARPS = 8
+LOOP_BLOCK = 2048  # keys per step of the loop tail: 8 per thread at 8 warps
 # Register tensor sizes of the last program (contested keys, powers of two): each size S holds S + S/8
 # keys in two tensors, so a context just past a power of two (32K or 128K plus its decode tokens) does
 # not fall to the next size. Up to 8192 + 1024 pages (147K tokens) the keys stay in registers; longer
@@ -238,6 +239,85 @@ def _select_in_registers(key_row, out_row, low_row, page_row, recent, b1, need_i
 
 
 @triton.jit
+def _count_at_least(row, n, v, BLOCK: tl.constexpr):
+    """Entries row[0 .. n) that are >= v (this program's own list: plain loads after a barrier)."""
+    c = 0
+    for start in range(0, n, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        c += tl.sum((tl.load(row + i, mask=i < n, other=-1) >= v).to(tl.int32), axis=0)
+    return c
+
+
+@triton.jit
+def _select_by_loops(key_row, out_row, low_row, recent, b1, need_in, in_bin,
+                     LOW_BITS: tl.constexpr, BLOCK: tl.constexpr, CM: tl.constexpr):
+    """The last program's selection in short loops (`select_tail="loops"`): the code it walks is a few
+    loop bodies, not thousands of unrolled lanes. In the engine every layer's GEMMs evict L2 between two
+    calls, so this serial tail fetches its code cold; the register tail walks ~6K instructions and took
+    30.3 µs between MLP-sized products against 15.1 µs alone (H200 s11, 128K bs1, flat keys), the four
+    launches' kernels ~0.4 µs more each.
+
+    Pass 1 compacts the low bits of bin b1's keys (page order) and takes their span; threshold low bits
+    from [CM] lanes in registers, or for a crowded bin by binary search over the list, one pass per bit of
+    the span (none when the bin is one value, as with dummy weights); pass 2 writes, in page order, every
+    page above the threshold key and its first ties. Both passes load the next block before working on
+    this one, so the L2 latency of a block overlaps the scan of the previous one."""
+    LOW_MASK: tl.constexpr = (1 << LOW_BITS) - 1
+    lane = tl.arange(0, BLOCK)
+    n_in = 0
+    lo = LOW_MASK
+    hi = 0
+    u = tl.load(key_row + 1 + lane, mask=1 + lane < recent, other=-1, cache_modifier=".cg")
+    for start in range(1, recent, BLOCK):
+        ahead = start + BLOCK + lane
+        u_next = tl.load(key_row + ahead, mask=ahead < recent, other=-1, cache_modifier=".cg")
+        inside = (u >> LOW_BITS) == b1  # masked lanes (-1) are in no bin
+        low = u & LOW_MASK
+        tl.store(low_row + n_in + tl.cumsum(inside.to(tl.int32), axis=0) - 1, low, mask=inside)
+        n_in += tl.sum(inside.to(tl.int32), axis=0)
+        lo = tl.minimum(lo, tl.min(tl.where(inside, low, LOW_MASK), axis=0))
+        hi = tl.maximum(hi, tl.max(tl.where(inside, low, 0), axis=0))
+        u = u_next
+    tl.debug_barrier()  # the list is read back by other threads of this program
+    prefix, bits = _span(lo, hi, LOW_BITS)
+    if in_bin <= CM:
+        c = tl.arange(0, CM)
+        lows = tl.load(low_row + c, mask=c < in_bin, other=-1)
+        t_low = _search_low(prefix, bits, need_in, lows, lows, False)
+        above_in_bin = tl.sum((lows > t_low).to(tl.int32), axis=0)
+    else:
+        t_low = prefix
+        for i in range(bits):
+            test = t_low | (1 << (bits - 1 - i))
+            if _count_at_least(low_row, in_bin, test, BLOCK) >= need_in:
+                t_low = test
+        above_in_bin = 0
+        if bits > 0:  # with one value in the bin, none is above it
+            above_in_bin = _count_at_least(low_row, in_bin, t_low + 1, BLOCK)
+    threshold = (b1 << LOW_BITS) | t_low
+    ties_wanted = need_in - above_in_bin
+    # Pass 2: slot of a taken page = pages above the threshold up to it + ties up to it (at most
+    # ties_wanted); one scan per block over both counts packed in 16-bit halves (BLOCK < 2^16).
+    tl.static_assert(BLOCK < 65536)
+    n_gt = 0
+    n_tie = 0
+    u = tl.load(key_row + 1 + lane, mask=1 + lane < recent, other=-1, cache_modifier=".cg")
+    for start in range(1, recent, BLOCK):
+        ahead = start + BLOCK + lane
+        u_next = tl.load(key_row + ahead, mask=ahead < recent, other=-1, cache_modifier=".cg")
+        gt = u > threshold
+        tie = u == threshold
+        packed = tl.cumsum(gt.to(tl.int32) + (tie.to(tl.int32) << 16), axis=0)
+        gt_upto = n_gt + (packed & 0xFFFF)
+        tie_upto = n_tie + (packed >> 16)
+        take = gt | (tie & (tie_upto <= ties_wanted))
+        tl.store(out_row + gt_upto + tl.minimum(tie_upto, ties_wanted), start + lane, mask=take)  # slot 1 + rank
+        n_gt += tl.sum(gt.to(tl.int32), axis=0)
+        n_tie += tl.sum(tie.to(tl.int32), axis=0)
+        u = u_next
+
+
+@triton.jit
 def _keys_select_kernel(
     scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr,
     seq_lens_ptr, out_ptr,
@@ -245,7 +325,7 @@ def _keys_select_kernel(
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
     K_PAD: tl.constexpr, CAND: tl.constexpr, SELECT_BLOCK: tl.constexpr, COARSE_PICK: tl.constexpr = True,
-    REGISTERS: tl.constexpr = True, REG_SMALL: tl.constexpr = 2048, REG_MID: tl.constexpr = 4096,
+    TAIL: tl.constexpr = 0, LOOP_BLOCK: tl.constexpr = 2048, REG_SMALL: tl.constexpr = 2048, REG_MID: tl.constexpr = 4096,
     REG_LARGE: tl.constexpr = 8192, COMPACT: tl.constexpr = 256,  # register tensor sizes (module constants)
     SCP: tl.constexpr = 128, PDL: tl.constexpr = False,
 ):
@@ -273,13 +353,15 @@ def _keys_select_kernel(
             # [16384] tensor cost 29 µs at bs1 where [8192] cost 18 (H200, 2026-11-30), so one size
             # fitted to the widest table would make every short context pay for the longest. (The
             # engine ran 32K + decode, 2047-2059 contested pages, in the next size up; now S + S/8.)
-            if REGISTERS and contested <= REG_SMALL + REG_SMALL // 8:
+            if TAIL == 2:
+                _select_by_loops(key_row, out_row, low_scratch, recent, b1, need_in, in_bin, LOW_BITS, LOOP_BLOCK, COMPACT)
+            elif TAIL == 0 and contested <= REG_SMALL + REG_SMALL // 8:
                 _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
                                      REG_SMALL, REG_SMALL // 8, COMPACT, K_PAD)
-            elif REGISTERS and contested <= REG_MID + REG_MID // 8:
+            elif TAIL == 0 and contested <= REG_MID + REG_MID // 8:
                 _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
                                      REG_MID, REG_MID // 8, COMPACT, K_PAD)
-            elif REGISTERS and contested <= REG_LARGE + REG_LARGE // 8:
+            elif TAIL == 0 and contested <= REG_LARGE + REG_LARGE // 8:
                 _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
                                      REG_LARGE, REG_LARGE // 8, COMPACT, K_PAD)
             elif in_bin <= CAND:
