@@ -40,12 +40,12 @@ VARIANTS = (
     # selection in one launch (topk_one.py; s5): keys in registers sized per call, or passes over memory
     # (contexts > 147K tokens), or over 64 chunks. In the vLLM pair of s6: -0.26 ms per step at 32K,
     # +0.95 ms at 128K, against ~-2 µs per layer alone at 128K in s5 (the [8192] + [1024] size never timed alone)
-    ScoreTuning(select_path="one"),
+    ScoreTuning(select_path="one", select_tail="registers"),
     ScoreTuning(select_path="one", select_tail="memory"),
     ScoreTuning(select_path="three"),  # four launches' kernels, the last resolve program finalizes (s6, untimed)
-    ScoreTuning(select_path="one", select_chunks=64),
-    ScoreTuning(select_path="one", select_warps=4),  # the one-launch kernel's warps (8 by default; 255 registers)
-    ScoreTuning(select_path="one", select_warps=16),
+    ScoreTuning(select_path="one", select_tail="registers", select_chunks=64),
+    ScoreTuning(select_path="one", select_tail="registers", select_warps=4),  # the one-launch kernel's warps (8 by default; 255 registers)
+    ScoreTuning(select_path="one", select_tail="registers", select_warps=16),
     # the s4/s5 default: 4 warps x 16 pages, 128 chunks, FMA coefficient contraction
     ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False),
     ScoreTuning(coef_mma=False),  # one warp, FMA contraction (s6: 37.8 us at 128K)
@@ -64,13 +64,13 @@ VARIANTS = (
     # The scorer's instruction diet (session 8, sm_90 SASS per tile 1626 -> 1402 -> 1276; score_select.SCORER_KERNELS)
     ScoreTuning(**SCORER_KERNELS["lean"]),
     ScoreTuning(**TWO_TERM_DIET),  # s8's "lean2": fails bf16 select checks on the H200 (s9), timed for the record only
-    ScoreTuning(select_path="one", **SCORER_KERNELS["lean"]),
+    ScoreTuning(select_path="one", select_tail="registers", **SCORER_KERNELS["lean"]),
     # Query heads as the dots' M (session 9, `score_t.py`): V^T q stays in registers; 1456 SASS per 4-page tile,
     # 6 shared stores against lean's 70
     ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4}),  # s9: 27.9 / 12.2 µs at 128K / 32K
     ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4, "stages": 2}),  # the next tile's loads through cp.async: 29.0 / 13.1
     ScoreTuning(**SCORER_KERNELS["transposed"]),  # 2-page tiles: half the block-diagonal zeros; s9: 25.8 / 8.9
-    ScoreTuning(select_path="one", **SCORER_KERNELS["transposed"]),
+    ScoreTuning(select_path="one", select_tail="registers", **SCORER_KERNELS["transposed"]),
     # 21 programs per SM (no spills), grid still 512 per pair. A grid that fills them (693 chunks, with a
     # workspace of 1024) took 31.6 µs at 128K against 26.0 (s9), so the workspace stayed at 512 chunks.
     ScoreTuning(maxnreg=96, **SCORER_KERNELS["transposed"]),
@@ -78,7 +78,7 @@ VARIANTS = (
     # The CUDA kernel (session 10, kernels/cuda/score_t.cu): operands built in the mma register layouts, 4-page
     # tiles, ~840 SASS per tile against the transposed kernel's ~800 per 2 pages
     ScoreTuning(**SCORER_KERNELS["cuda"]),
-    ScoreTuning(select_path="one", **SCORER_KERNELS["cuda"]),
+    ScoreTuning(select_path="one", select_tail="registers", **SCORER_KERNELS["cuda"]),
     # The one-launch selection's last program in two short loops (session 11, topk_one._select_by_loops): 3.4K
     # SASS for the whole kernel against the register tail's 23.9K, which between MLP-sized products (as in the
     # engine, where every layer's GEMMs evict L2) took 30.3 µs at 128K against 15.1 alone

@@ -88,11 +88,11 @@ class SummaryFormat:
 # "four" launches (keys, gather, resolve, finalize), "three" (the same, finalize in the pair's last resolve
 # program), "one" (keys, then the pair's last program selects), "row" (keys, then one program per pair).
 # Every path selects the same pages.
-SELECT_PATHS: tuple[str, ...] = ("four", "three", "one", "row")
-# How the one-launch path's last program selects (ScoreTuning.select_tail; its kernel constexpr is the index):
-# "registers" (keys in register tensors up to 9216 contested pages), "memory" (passes over memory), "loops"
-# (two short loops at any context).
-SELECT_TAILS: tuple[str, ...] = ("registers", "memory", "loops")
+SELECT_PATHS: tuple[str, ...] = ("one", "four", "three", "row")
+# How the one-launch path's last program selects (ScoreTuning.select_tail), production first: "loops" (two
+# short loops at any context), "registers" (keys in register tensors up to 9216 contested pages; ~6K unrolled
+# instructions, fetched cold in the engine), "memory" (passes over memory).
+SELECT_TAILS: tuple[str, ...] = ("loops", "registers", "memory")
 # The score kernel's code paths by name (`triton.score_select.SCORER_KERNELS`), the production one first:
 # "cuda" (kernels/cuda/score_t.cu: every operand built in its mma's register layout; r8i4, d = 128, bf16 q,
 # G <= 16 on sm_90, the transposed kernel elsewhere; the H200 pair of session 10: -0.49 ms per step at 128K,

@@ -54,15 +54,20 @@ def test_markdown_names_each_variants_selection_path():
                       row(ScoreTuning(select_path="one", coef_mma=False)),
                       {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning()), "select_path": None, "row_select": True}},
                       {**row(ScoreTuning(coef_vector=False)), "tuning": {**asdict(ScoreTuning(coef_vector=False)), "word_pairs": True}},
-                      row(ScoreTuning(select_path="three"))])
+                      row(ScoreTuning(select_path="three")),
+                      row(ScoreTuning(select_path="one", select_tail="loops", tail_block=4096)),
+                      {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning(select_path="one")), "select_tail": None,
+                                                        "register_select": False}}])  # a record before session 11
     body = table.splitlines()[2:]
     assert f"| words+vec+mma | 4 launches, ≤ {ScoreTuning().select_chunks} chunks |" in body[0]
     assert "| words+mma | 4 launches, ≤ 16 chunks, full-scan pick |" in body[1]
     assert "| mantissa+vec+mma | row (2 launches) |" in body[2]
-    assert f"| words+vec | 1 launch, ≤ {ScoreTuning().select_chunks} chunks |" in body[3]
+    assert f"| words+vec | 1 launch, ≤ {ScoreTuning().select_chunks} chunks, loops tail |" in body[3]
     assert "| words+vec+mma | row (2 launches) |" in body[4]
     assert "| words+pairs+mma | 4 launches," in body[5]  # a s6 sweep record (word_pairs, since removed)
     assert f"| words+vec+mma | 3 launches, ≤ {ScoreTuning().select_chunks} chunks |" in body[6]
+    assert "| 1 launch, ≤ 32 chunks, loops tail of 4096 |" in body[7]
+    assert "| 1 launch, ≤ 32 chunks, memory tail |" in body[8]
     assert all("| 46.7 ± 0.2 | 20.0 | — | True (ok) |" in line for line in body)  # rows without a chained time
     chained = markdown([{**row(ScoreTuning()), "chained_us": 61.26}]).splitlines()[2]
     assert "| 46.7 ± 0.2 | 20.0 | 61.3 | True (ok) |" in chained

@@ -213,7 +213,7 @@ def test_one_launch_select_register_sizes_match_reference(device, case, compact,
 
     for name, size in (("REG_SMALL", 16), ("REG_MID", 32), ("REG_LARGE", 64), ("COMPACT", compact)):
         monkeypatch.setattr(topk_one, name, size)
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one"))
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one", select_tail="registers"))
     assert result.ok, str(result)
 
 
@@ -251,6 +251,7 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     picks = []
     for tuning in (ScoreTuning(select_path="row"), ScoreTuning(), ScoreTuning(select_path="one"),
+                   ScoreTuning(select_path="one", select_tail="registers"),
                    ScoreTuning(select_path="three"), ScoreTuning(select_path="one", select_tail="memory"),
                    ScoreTuning(select_path="row", coarse_pick=False), ScoreTuning(select_path="one", coarse_pick=False),
                    ScoreTuning(coarse_pick=False), ScoreTuning()):

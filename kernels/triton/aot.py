@@ -102,7 +102,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
                                     "cand_page_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
          dict(G=group, GS=gs, RULE=0, BLOCK=_topk.KEYS_BLOCK, STEPS=_topk.KEY_STEPS_PER_UNIT, WINDOW=_topk.AGG_WINDOW,
               K_PAD=next_pow2(page_budget), CAND=_one.CAND, SELECT_BLOCK=_one.SELECT_BLOCK, COARSE_PICK=pick,
-              TAIL=0, SCP=_ss.DEFAULT_TUNING.max_chunks, **_one.register_sizes(), **select_common), _one.SELECT_WARPS),
+              TAIL=_one.TAIL_CODES[_ss.DEFAULT_TUNING.select_tail], LOOP_BLOCK=_one.LOOP_BLOCK, SCP=_ss.DEFAULT_TUNING.max_chunks, **_one.register_sizes(), **select_common), _one.SELECT_WARPS),
         (_decode._sparse_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
                                          "seq_lens_ptr": "*i32", "sel_ptr": "*i32", "part_out_ptr": "*fp32",
                                          "part_lse_ptr": "*fp32", "scale": "fp32"},

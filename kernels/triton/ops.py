@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from ..config import PAGE_SIZE, SELECT_TAILS, check_combine_rule
+from ..config import PAGE_SIZE, check_combine_rule
 from ..cuda import score as _cuda_score
 from ..reference.packing import SummaryLayout
 from . import build as _build
@@ -287,7 +287,7 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
             ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, ws.cand_low, ws.cand_page,
             seq_lens, selected_pages, *sizes, score_chunks,
             K_PAD=next_pow2(page_budget), CAND=_one.CAND, SELECT_BLOCK=_one.SELECT_BLOCK,
-            TAIL=SELECT_TAILS.index(tuning.select_tail), LOOP_BLOCK=tuning.tail_block or _one.LOOP_BLOCK, **_one.register_sizes(),
+            TAIL=_one.TAIL_CODES[tuning.select_tail], LOOP_BLOCK=tuning.tail_block or _one.LOOP_BLOCK, **_one.register_sizes(),
             num_warps=tuning.select_warps or _one.SELECT_WARPS, **keys, **pick,
         )
         return

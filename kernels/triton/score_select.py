@@ -113,8 +113,11 @@ class ScoreTuning:
     # The one-launch path's last program (config.SELECT_TAILS): "registers" holds the contested keys in
     # register tensors when they fit (topk_one.REG_LARGE * 9/8 pages), "memory" always streams them from
     # memory (what longer contexts do there), "loops" runs two short loops over them at any context.
-    select_tail: str = "registers"
-    tail_block: int | None = None  # keys per step of the "loops" tail; None: topk_one.LOOP_BLOCK
+    # "loops" since session 11: the register tail walks ~6K unrolled instructions, which the engine's GEMMs
+    # evict from L2 between layers (H200, 128K bs1, between MLP-sized products: 30.5 µs against 15.0 alone;
+    # loops 18.0-19.4; `score-sweep-h200-s11.md`).
+    select_tail: str = SELECT_TAILS[0]
+    tail_block: int | None = None  # keys per step of the "loops" tail (twice that on long contexts); None: topk_one.LOOP_BLOCK
     select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.SELECT_WARPS
     # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):
     # each kernel's programs are scheduled while the previous one finishes. In the vLLM pair (H200,

@@ -40,7 +40,8 @@ SELECT_BLOCK = 4096  # keys per step of the last program's passes (16 per thread
 # against 21.2 / 23.7 (four: 29.3 / 30.4). 16 warps cap the kernel at 128 registers and it spills (two
 # accesses in its loop), so 8 stays (255 registers, no spill); `ScoreTuning(select_warps=16)` times the other.
 SELECT_WARPS = 8
-LOOP_BLOCK = 2048  # keys per step of the loop tail: 8 per thread at 8 warps
+TAIL_CODES = {"registers": 0, "memory": 1, "loops": 2}  # config.SELECT_TAILS as the kernel's TAIL constexpr
+LOOP_BLOCK = 2048  # keys per step of the loop tail (8 per thread at 8 warps); twice that past LOOP_BLOCK * 9/8 pages
 # Register tensor sizes of the last program (contested keys, powers of two): each size S holds S + S/8
 # keys in two tensors, so a context just past a power of two (32K or 128K plus its decode tokens) does
 # not fall to the next size. Up to 8192 + 1024 pages (147K tokens) the keys stay in registers; longer
@@ -354,7 +355,13 @@ def _keys_select_kernel(
             # fitted to the widest table would make every short context pay for the longest. (The
             # engine ran 32K + decode, 2047-2059 contested pages, in the next size up; now S + S/8.)
             if TAIL == 2:
-                _select_by_loops(key_row, out_row, low_scratch, recent, b1, need_in, in_bin, LOW_BITS, LOOP_BLOCK, COMPACT)
+                # Steps of LOOP_BLOCK keys up to a context just past it (32K + decode tokens), twice that
+                # beyond: H200 s11 between MLP products, flat keys, 2048 / 4096 keys a step: 11.1 / 13.2 µs at
+                # 32K (2047 contested pages), 19.4 / 18.0 at 128K (8191).
+                if contested <= LOOP_BLOCK + LOOP_BLOCK // 8:
+                    _select_by_loops(key_row, out_row, low_scratch, recent, b1, need_in, in_bin, LOW_BITS, LOOP_BLOCK, COMPACT)
+                else:
+                    _select_by_loops(key_row, out_row, low_scratch, recent, b1, need_in, in_bin, LOW_BITS, 2 * LOOP_BLOCK, COMPACT)
             elif TAIL == 0 and contested <= REG_SMALL + REG_SMALL // 8:
                 _select_in_registers(key_row, out_row, low_scratch, page_scratch, recent, b1, need_in, in_bin, K, LOW_BITS,
                                      REG_SMALL, REG_SMALL // 8, COMPACT, K_PAD)
