@@ -89,6 +89,21 @@ class SummaryFormat:
 # program), "one" (keys, then the pair's last program selects), "row" (keys, then one program per pair).
 # Every path selects the same pages.
 SELECT_PATHS: tuple[str, ...] = ("one", "four", "three", "row")
+# The backend's `select` setting: a path, or "auto" (the default), which picks one per engine from its
+# block-table width (its max_model_len / 16): the one-launch path's last program works alone through every
+# contested page, and in the 40-layer engine that serial tail loses to four parallel launches on long tables
+# (H200, session 11, bs1, GLM-4-9B geometry: one 6.82 ms vs four 7.06 at 32K, one 7.78 vs four 7.45 at
+# 128K; `bench-decode-glm4-40L-fa3-locks-async-h200-s11.md`). Between them the crossover was not measured;
+# the width below is the midpoint in pages on a log scale (64K tokens).
+SELECT_CHOICES: tuple[str, ...] = ("auto",) + SELECT_PATHS
+AUTO_ONE_LAUNCH_MAX_PAGES = 4096
+
+
+def select_path_for(select: str, table_pages: int) -> str:
+    """The selection path that `select` (SELECT_CHOICES) runs on a block table `table_pages` wide."""
+    if select != "auto":
+        return select
+    return "one" if table_pages <= AUTO_ONE_LAUNCH_MAX_PAGES else "four"
 # How the one-launch path's last program selects (ScoreTuning.select_tail), production first: "loops" (two
 # short loops at any context), "registers" (keys in register tensors up to 9216 contested pages; ~6K unrolled
 # instructions, fetched cold in the engine), "memory" (passes over memory).

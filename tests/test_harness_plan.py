@@ -120,7 +120,7 @@ def test_arms_come_from_the_registry():
     assert parse_settings(one["additional_config"]["locks"]).select == "one"
     pdl = get_arm("locks-pdl").engine_kwargs(SparseKnobs(1024, "r4i8", "locks", "group_max"))["additional_config"]["locks"]
     assert pdl == {"budget": 1024, "format": "r4i8", "scorer": "locks", "combine": "group_max", "pdl": True}
-    assert parse_settings(pdl).pdl and parse_settings(pdl).select == "one"  # the default path
+    assert parse_settings(pdl).pdl and parse_settings(pdl).select == "auto"  # the default
     assert parse_settings(get_arm("locks-four").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"]).select == "four"
     both = parse_settings(get_arm("locks-one-pdl").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
     assert both.pdl and both.select == "one" and both.locks.selection.page_budget == 128
@@ -128,7 +128,7 @@ def test_arms_come_from_the_registry():
     for name, kernel in (("locks-pages", "pages"), ("locks-lean", "lean"), ("locks-cuda", "cuda"),
                          ("locks-transposed", "transposed")):  # other scorers, same pages
         lean = parse_settings(get_arm(name).engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
-        assert lean.scorer_kernel == kernel and lean.select == "one" and not lean.pdl
+        assert lean.scorer_kernel == kernel and lean.select == "auto" and not lean.pdl
     peer = get_arm("locks-kv")
     assert peer.plugin_distribution == "locks-kv"
     assert peer.engine_kwargs(SparseKnobs(2048))["attention_config"] == {"backend": "FLASH_ATTN"}

@@ -97,7 +97,7 @@ def test_settings_parse_every_key():
     assert settings.locks.selection.page_budget == 64 and settings.locks.selection.combine == "group_max"
     assert settings.reads_keys and settings.debug_capture_layers == (0, 3)
     assert "budget=1024" in settings.describe() and "r4i8" in settings.describe()
-    assert settings.select == "one" and parse_settings({"select": "four"}).select == "four"
+    assert settings.select == "auto" and parse_settings({"select": "four"}).select == "four"
     assert "select=four" in parse_settings({"select": "four"}).describe()
     assert not settings.pdl and parse_settings({"pdl": True}).pdl and "pdl=True" in parse_settings({"pdl": True}).describe()
     assert settings.scorer_kernel == "cuda" and parse_settings({"scorer_kernel": "lean"}).scorer_kernel == "lean"
@@ -132,7 +132,7 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
         ({"combine": "mean"}, "combine rule 'mean' unknown"),
         ({"scorer": "moment"}, "not served by the vLLM backend"),
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
-        ({"select": "two"}, "select 'two' unknown; use one of one, four, three, row"),
+        ({"select": "two"}, "select 'two' unknown; use one of auto, one, four, three, row"),
         ({"pdl": "yes"}, "pdl must be true or false"),
         ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of cuda, transposed, pages, lean"),
         ([1, 2], "must be a dict"),

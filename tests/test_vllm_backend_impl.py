@@ -6,6 +6,7 @@ the raw keys/values: Locks scorer -> GQA combine -> select, then softmax over th
 from __future__ import annotations
 
 import json
+import logging
 import math
 from types import SimpleNamespace
 
@@ -178,7 +179,7 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
     shape = DecodeShape(max_seqs=4, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, max_pages=7, page_budget=page_budget)
     to = lambda t: t.to(device)  # noqa: E731
     results = {}
-    for label, ops in (("reference", ReferenceOps()), ("four", TritonOps()), ("one", TritonOps("one"))):
+    for label, ops in (("reference", ReferenceOps()), ("four", TritonOps("four")), ("one", TritonOps("one")), ("auto", TritonOps())):
         rows = to(torch.zeros(num_blocks, hkv, layout.row_bytes, dtype=torch.uint8))
         selected = to(torch.full((4, hkv, page_budget), 7, dtype=torch.int32))
         out = to(torch.full((4, hq, d), float("nan")))
@@ -190,11 +191,29 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
         ops.sparse_paged_decode(to(q), to(k_cache), to(v_cache), to(table), to(seq_lens), selected, d**-0.5, out, workspace)
         results[label] = (selected.cpu(), out.cpu())
     ref_sel, ref_out = results["reference"]
-    for path in ("four", "one"):  # the backend's `select` setting: same pages, other launches
+    for path in ("four", "one", "auto"):  # the backend's `select` setting: same pages, other launches
         tri_sel, tri_out = results[path]
         assert torch.equal(tri_sel[:3], ref_sel[:3]), path
         torch.testing.assert_close(tri_out[:3], ref_out[:3], rtol=1e-4, atol=1e-4)
         assert torch.isfinite(tri_out[3]).all()  # the padding row must not poison the output buffer
+
+
+@pytest.mark.parametrize("device", _triton_devices())
+def test_auto_select_picks_the_path_by_block_table_width(device, caplog):
+    """select="auto" runs the one-launch selection on tables up to AUTO_ONE_LAUNCH_MAX_PAGES wide and four
+    launches beyond (an engine's table width is fixed, so each engine runs one path); a pinned path stays."""
+    from locks_toolkit.kernels.config import AUTO_ONE_LAUNCH_MAX_PAGES
+    from locks_toolkit.kernels.vllm_backend.kernel_ops import TritonOps
+
+    auto = TritonOps()
+    with caplog.at_level(logging.INFO, logger="locks_toolkit.kernels.vllm_backend.kernel_ops"):
+        assert auto.tuning_for(2080).select_path == "one"
+        assert auto.tuning_for(AUTO_ONE_LAUNCH_MAX_PAGES).select_path == "one"
+        assert auto.tuning_for(AUTO_ONE_LAUNCH_MAX_PAGES + 16).select_path == "four"
+        assert auto.tuning_for(2080).select_path == "one"  # cached: logged once per width
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("runs the 'one' selection path" in m for m in said) == 2 and sum("runs the 'four'" in m for m in said) == 1
+    assert all(TritonOps(path).tuning_for(w).select_path == path for path in ("one", "four", "three") for w in (7, 8256))
 
 
 @pytest.mark.parametrize("device", _triton_devices())

@@ -8,19 +8,22 @@ sequence. Key-reading scorers (oracle, quest, centroid) always go through the re
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
 
-from ..config import PAGE_SIZE, SCORER_KERNELS, SELECT_PATHS, scored_pages
+from ..config import PAGE_SIZE, SCORER_KERNELS, SELECT_CHOICES, scored_pages, select_path_for
 from ..reference.attention import paged_decode_reference
 from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
 from ..reference.score import summary_page_scores
 from ..reference.select import combine_group, select_pages
 from ..reference.selectors import make_scorer
 from ..reference.summary import build_page_summaries
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -137,13 +140,26 @@ class TritonOps:
 
     name = "triton"
 
-    def __init__(self, select: str = SELECT_PATHS[0], pdl: bool = False, scorer_kernel: str = SCORER_KERNELS[0]) -> None:
+    def __init__(self, select: str = SELECT_CHOICES[0], pdl: bool = False, scorer_kernel: str = SCORER_KERNELS[0]) -> None:
         from ..triton import ops  # noqa: PLC0415 - CUDA only
         from ..triton.score_select import DEFAULT_TUNING  # noqa: PLC0415
         from ..triton.score_select import SCORER_KERNELS as TUNING_OF  # noqa: PLC0415 - name -> ScoreTuning fields
 
         self._ops = ops
-        self._tuning = replace(DEFAULT_TUNING, select_path=select, pdl=pdl, **TUNING_OF[scorer_kernel])
+        self._select = select
+        # select_path is settled per block-table width (`select_path_for`); "four" until a table is seen
+        self._tuning = replace(DEFAULT_TUNING, select_path=select_path_for(select, 1 << 30), pdl=pdl, **TUNING_OF[scorer_kernel])
+        self._tuning_by_width: dict[int, Any] = {}
+
+    def tuning_for(self, table_pages: int) -> Any:
+        """The ScoreTuning of a block table `table_pages` wide (an engine's table width never changes, so
+        every graph it captures runs one path); logs the path "auto" picked, once per width."""
+        tuning = self._tuning_by_width.get(table_pages)
+        if tuning is None:
+            tuning = self._tuning_by_width[table_pages] = replace(self._tuning, select_path=select_path_for(self._select, table_pages))
+            if self._select == "auto":
+                logger.info("Locks: select=auto runs the %r selection path on block tables %d pages wide", tuning.select_path, table_pages)
+        return tuning
 
     def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> Any:
         group = shape.num_q_heads // shape.num_kv_heads
@@ -167,7 +183,7 @@ class TritonOps:
     def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace) -> None:
         self._ops.score_select(
             q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads,
-            workspace=workspace[0], tuning=self._tuning,
+            workspace=workspace[0], tuning=self.tuning_for(block_table.shape[1]),
         )
 
     def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace) -> None:
@@ -175,7 +191,7 @@ class TritonOps:
                                       pdl=self._tuning.pdl)
 
 
-def ops_for_device(device: torch.device | str, select: str = SELECT_PATHS[0], pdl: bool = False,
+def ops_for_device(device: torch.device | str, select: str = SELECT_CHOICES[0], pdl: bool = False,
                    scorer_kernel: str = SCORER_KERNELS[0]) -> KernelOps:
     """Triton on CUDA (selection kernels `select`, programmatic dependent launch `pdl`, the score kernel's
     code path `scorer_kernel`), the reference elsewhere."""

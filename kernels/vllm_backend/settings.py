@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from ..config import (
     SCORER_KERNELS,
-    SELECT_PATHS,
+    SELECT_CHOICES,
     ConfigError,
     LocksConfig,
     SelectionConfig,
@@ -36,8 +36,9 @@ _KEYS = ("format", "budget", "combine", "scorer", "select", "pdl", "scorer_kerne
 class BackendSettings:
     """The Locks method config plus backend-only switches.
 
-    select: which Triton selection kernels follow the score kernel (config.SELECT_PATHS); the pages
-    are the same on every path, only launches and time differ.
+    select: which Triton selection kernels follow the score kernel (config.SELECT_PATHS), or "auto" (the
+    default: by the engine's block-table width, `config.select_path_for`); the pages are the same on
+    every path, only launches and time differ.
     pdl: the decode kernels use programmatic dependent launch (sm_90; each kernel's programs are
     scheduled while the previous one finishes). Same results; within 1% in the H200 pair of session 6, so off.
     scorer_kernel: the score kernel's code path (config.SCORER_KERNELS): "cuda" (production: the CUDA kernel
@@ -49,7 +50,7 @@ class BackendSettings:
     """
 
     locks: LocksConfig = field(default_factory=LocksConfig)
-    select: str = SELECT_PATHS[0]
+    select: str = SELECT_CHOICES[0]
     pdl: bool = False
     scorer_kernel: str = SCORER_KERNELS[0]
     debug_capture_layers: tuple[int, ...] = ()
@@ -88,9 +89,9 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
     scorer = raw.get("scorer", "locks")
     if scorer not in BACKEND_SCORERS:
         raise ConfigError(f"scorer {scorer!r} is not served by the vLLM backend; use one of {', '.join(BACKEND_SCORERS)}")
-    select = raw.get("select", SELECT_PATHS[0])
-    if select not in SELECT_PATHS:
-        raise ConfigError(f"select {select!r} unknown; use one of {', '.join(SELECT_PATHS)} (the selection kernels' launches)")
+    select = raw.get("select", SELECT_CHOICES[0])
+    if select not in SELECT_CHOICES:
+        raise ConfigError(f"select {select!r} unknown; use one of {', '.join(SELECT_CHOICES)} (the selection kernels' launches)")
     pdl = raw.get("pdl", False)
     if not isinstance(pdl, bool):
         raise ConfigError(f"pdl must be true or false (programmatic dependent launch of the decode kernels), got {pdl!r}")
