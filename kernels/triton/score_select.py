@@ -108,7 +108,8 @@ class ScoreTuning:
     # per chunk, the pair's last program selects) or "row" (keys, then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
     # took 11.2 / 17.8 µs at 32K / 128K against 19.1 / 19.7 (`score-sweep-h200-s5.md`); in the vLLM pair
     # (session 6, `bench-decode-glm4-40L-fa3-locks-async-h200-s6.md`) it saved 0.26 ms per step at 32K
-    # and cost 0.95 ms at 128K, so "four" stays the default (the bench's `locks-one` arm runs "one").
+    # and cost 0.95 ms at 128K. With the loop tail (session 11): -0.24 ms at 32K, +0.33 ms at 128K, so the
+    # backend picks by table width (`config.select_path_for`); this kernel-level default stays "four".
     select_path: str = "four"
     # The one-launch path's last program (config.SELECT_TAILS): "registers" holds the contested keys in
     # register tensors when they fit (topk_one.REG_LARGE * 9/8 pages), "memory" always streams them from

@@ -1,6 +1,7 @@
 """Group combine + top-(k-2) page selection in ONE launch after the score kernel (`select_path="one"`;
-the default is still topk.py's four launches: this path is faster alone, and in the engine at 32K, but
-lost at 128K in the engine in session 6 for a reason not yet found).
+the backend's `select="auto"` runs it on block tables up to config.AUTO_ONE_LAUNCH_MAX_PAGES wide and
+topk.py's four launches on wider ones: in the 40-layer engine this path wins at 32K and loses at 128K,
+where its last program's serial tail costs more than three parallel launches; H200 session 11).
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`;
 keys, histogram and tie rule are topk.py's (23-bit fixed-point log shares, ties to the lower page id).
@@ -9,11 +10,13 @@ keys, histogram and tie rule are topk.py's (23-bit fixed-point log shares, ties 
 their top 13 bits to the pair's histogram (topk.py `_chunk_keys`), then arrives at the pair's counter.
 The program that arrives last (it alone sees count = chunks - 1; no program ever waits, so the grid
 needs no co-residency and the interpreter's one-program-at-a-time order works) selects, after reading
-threshold bin b1 and the count still needed from it from the finished histogram (coarse pick):
-- contexts up to 9216 contested pages: every key in registers (a size picked per call from the live
+threshold bin b1 and the count still needed from it from the finished histogram (coarse pick), then
+selects by its tail (`ScoreTuning.select_tail`):
+- "loops" (the default, `_select_by_loops`): two short loops over the keys at any context;
+- "registers", contexts up to 9216 contested pages: every key in registers (a size picked per call from the live
   pages); a threshold bin of at most COMPACT pages is compacted and resolved over [COMPACT] lanes, a
   crowded one searched in place over only the low bits where its keys differ (`_select_in_registers`);
-- longer contexts, passes over memory: a bin of at most CAND pages is ranked in registers and merged
+- "memory", and "registers" on longer contexts, passes over memory: a bin of at most CAND pages is ranked in registers and merged
   with the pages above it by counting (ascending, no sort); a crowded bin takes a binary search with
   one pass per bit, then the tie cut-off page, then one ordered output pass.
 This replaces topk.py's three launches after the keys (gather, resolve, finalize); on the H200 each
@@ -256,7 +259,9 @@ def _select_by_loops(key_row, out_row, low_row, recent, b1, need_in, in_bin,
     loop bodies, not thousands of unrolled lanes. In the engine every layer's GEMMs evict L2 between two
     calls, so this serial tail fetches its code cold; the register tail walks ~6K instructions and took
     30.3 µs between MLP-sized products against 15.1 µs alone (H200 s11, 128K bs1, flat keys), the four
-    launches' kernels ~0.4 µs more each.
+    launches' kernels ~0.4 µs more each. This tail took 18.0 there, but 24.4 in the 40-layer engine
+    (`bench trace`), against 19.1 for the four launches' kernels, which the sweep predicts exactly: what
+    else the engine costs a serial tail is not known (its kernels run on one stream, 205 registers).
 
     Pass 1 compacts the low bits of bin b1's keys (page order) and takes their span; threshold low bits
     from [CM] lanes in registers, or for a crowded bin by binary search over the list, one pass per bit of
