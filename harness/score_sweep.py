@@ -111,25 +111,63 @@ def profile_graph(fn, replays: int, calls_per_replay: int) -> dict[str, float]:
     return mean_kernel_us(kernels, replays * calls_per_replay)
 
 
-# --between-layers: the weight a bs-1 MLP-sized product streams between two layers' score + select (hidden x
-# MLP_WIDTH_FACTOR hidden, bf16: ~200 MB at hidden 4096). Like the engine's GEMMs, it fills every SM and
+# --between-layers mlp: the weight a bs-1 MLP-sized product streams between two layers' score + select (hidden
+# x MLP_WIDTH_FACTOR hidden, bf16: ~200 MB at hidden 4096). Like the engine's GEMMs, it fills every SM and
 # evicts L2 between layers, which a chain of score + select alone does not.
 MLP_WIDTH_FACTOR = 6
+BETWEEN_KINDS = ("mlp", "layer")
+
+
+def between_layers_work(kind: str, geom, batch: int, q: torch.Tensor, state: _ContextState, bt, seq_lens):
+    """(work(rows index, selected) -> its last output, description): what runs after each layer's score + select in the chain.
+    "mlp": one MLP-sized product (MLP_WIDTH_FACTOR). "layer": the rest of a decoder layer as the engine runs
+    it, so as many distinct kernels pass through the SMs as there: the sparse decode + merge over the
+    selected pages, then RMS norm, the QKV, output, gate-up and down products (GLM-4-9B-like widths) with
+    their elementwise ops. Session 11: the loop tail took 18.0 µs between "mlp" products and 24.4 in the
+    engine, where the four-launch kernels matched the sweep to 0.1 µs."""
+    hidden = geom.num_q_heads * geom.head_dim
+    dev, bf16 = q.device, torch.bfloat16
+    x = torch.randn((batch, hidden), device=dev, dtype=bf16)
+    if kind == "mlp":
+        weight = torch.randn((hidden, MLP_WIDTH_FACTOR * hidden), device=dev, dtype=bf16)
+        out = torch.empty((batch, MLP_WIDTH_FACTOR * hidden), device=dev, dtype=bf16)
+        return (lambda i, selected: torch.matmul(x, weight, out=out)), f"hidden x {MLP_WIDTH_FACTOR} hidden product"
+    ffn = 13696 * hidden // 4096  # GLM-4-9B's intermediate size, scaled with the hidden size
+    kv = 2 * geom.num_kv_heads * geom.head_dim
+    w_qkv = torch.randn((hidden, hidden + kv), device=dev, dtype=bf16) * 0.02
+    w_o = torch.randn((hidden, hidden), device=dev, dtype=bf16) * 0.02
+    w_up = torch.randn((hidden, 2 * ffn), device=dev, dtype=bf16) * 0.02
+    w_down = torch.randn((ffn, hidden), device=dev, dtype=bf16) * 0.02
+    norm = torch.ones(hidden, device=dev, dtype=bf16)
+    attn_out = torch.empty((batch, geom.num_q_heads, geom.head_dim), device=dev, dtype=bf16)
+    dws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev)
+    scale = geom.head_dim**-0.5
+
+    def layer(i, selected):
+        ops.sparse_paged_decode(q, state.k[i], state.v[i], bt, seq_lens, selected, scale, attn_out, dws)
+        h = torch.matmul(attn_out.reshape(batch, hidden), w_o) + x
+        h = torch.nn.functional.rms_norm(h, (hidden,), norm)
+        gate, up = torch.matmul(h, w_up).chunk(2, dim=-1)
+        h = h + torch.matmul(torch.nn.functional.silu(gate) * up, w_down)
+        qkv = torch.matmul(torch.nn.functional.rms_norm(h, (hidden,), norm), w_qkv)
+        return qkv.mul_(1.0001).add_(0.5)  # stands in for the rotary embedding's elementwise kernel
+
+    return layer, f"sparse decode + a GLM-4-9B-like decoder layer (ffn {ffn})"
 
 
 def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int,
                variants=VARIANTS, flat: bool = False, table_pages: int = 0, profile: bool = False,
-               query_scale: float = 1.0, between_layers: bool = False) -> list[dict]:
+               query_scale: float = 1.0, between_layers: str | None = None) -> list[dict]:
     """flat: zero queries, so every page scores the same and every key ties (the select path's worst case).
     query_scale: queries times this; a small one (1e-5 .. 3e-2) gives near-tied keys, which crowd the
     threshold bin without tying it (what dummy-weight attention may look like; session 8 timed 1e-5, 1e-3, 3e-2).
     table_pages: block-table width (and workspace pages) when wider than the context's, as in an engine
     whose max_model_len exceeds the context: launch shapes follow the width, not the live pages.
     profile: also each kernel's µs per call (`profile_graph`), after the timings.
-    between_layers: also the chain with an MLP-sized product after each layer (`MLP_WIDTH_FACTOR`), as the
-    engine interleaves them: `in_chain_us` = (that chain - the products alone) per layer, and with profile
-    `chain_kernel_us`, each kernel's µs inside it (session 10: the one-launch selection takes ~13 µs per layer
-    more in the engine at 128K than alone, on the same keys)."""
+    between_layers: also the chain with other work after each layer (`between_layers_work`: "mlp" or
+    "layer"), as the engine interleaves them: `in_chain_us` = (that chain - the work alone) per layer, and
+    with profile `chain_kernel_us`, each kernel's µs inside it (session 10: the one-launch selection takes
+    ~13 µs per layer more in the engine at 128K than alone, on the same keys)."""
     k_pages = SelectionConfig(budget_tokens=budget_tokens).page_budget
     scale = geom.head_dim**-0.5
     q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
@@ -142,16 +180,17 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
     seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device="cuda")
     ws = ops.score_select_workspace(batch, geom.num_kv_heads, bt.shape[1], "cuda", group_size=geom.group)
     if between_layers:
-        hidden = geom.num_q_heads * geom.head_dim
-        mlp_in = torch.randn((batch, hidden), device="cuda", dtype=torch.bfloat16)
-        mlp_weight = torch.randn((hidden, MLP_WIDTH_FACTOR * hidden), device="cuda", dtype=torch.bfloat16)
-        mlp_out = torch.empty((batch, MLP_WIDTH_FACTOR * hidden), device="cuda", dtype=torch.bfloat16)
+        k_pages_shape = (batch, geom.num_kv_heads, k_pages)
+        work, work_what = between_layers_work(between_layers, geom, batch, q, state, bt, seq_lens)
+        # the work alone runs on a fixed selection (the first variant's), so only score + select differ
+        fixed_selection = torch.zeros(k_pages_shape, dtype=torch.int32, device="cuda")
+        fixed_selection[..., :] = torch.arange(k_pages, dtype=torch.int32, device="cuda")
 
-        def mlps():
-            for _ in state.rows:
-                torch.matmul(mlp_in, mlp_weight, out=mlp_out)
+        def work_alone():
+            for i in range(len(state.rows)):
+                work(i, fixed_selection)
 
-        mlp_us = _time_graph(mlps, replays, state.copies)["mean_us"]
+        mlp_us = _time_graph(work_alone, replays, state.copies)["mean_us"]
     rows_out = []
     reference = None
     for tuning in variants:
@@ -186,13 +225,13 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                 row["kernel_us"] = {**profile_graph(score, replays, state.copies), **profile_graph(select, replays, state.copies)}
             if between_layers:
                 def chain_with_mlp(chunks=chunks, selected=selected, tuning=tuning):
-                    for rows in state.rows:
+                    for i, rows in enumerate(state.rows):
                         ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
                         ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
-                        torch.matmul(mlp_in, mlp_weight, out=mlp_out)
+                        work(i, selected)
 
                 with_mlp = _time_graph(chain_with_mlp, replays, state.copies)["mean_us"]
-                row.update(mlp_us=mlp_us, in_chain_us=with_mlp - mlp_us)
+                row.update(mlp_us=mlp_us, in_chain_us=with_mlp - mlp_us, between=between_layers, between_what=work_what)
                 if profile:
                     row["chain_kernel_us"] = profile_graph(chain_with_mlp, replays, state.copies)
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
@@ -291,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flat", action="store_true", help="zero queries: every key ties (dummy-weight engines)")
     parser.add_argument("--query-scale", type=float, default=1.0,
                         help="scale the random queries (1e-3: near-tied keys, as a dummy-weight engine gives them)")
-    parser.add_argument("--between-layers", action="store_true",
-                        help="also time score + select between MLP-sized products, layer by layer, as the engine runs them")
+    parser.add_argument("--between-layers", nargs="?", const="mlp", default=None, choices=BETWEEN_KINDS,
+                        help="also time score + select with other work after each layer, as the engine runs them: "
+                             "mlp (an MLP-sized product; the default) or layer (sparse decode + a decoder layer's ops)")
     parser.add_argument("--table-pages", type=int, default=0, help="block-table width (an engine's max_model_len / 16)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)

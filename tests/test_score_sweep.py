@@ -118,3 +118,29 @@ def test_between_layers_table_shows_the_chain_time_net_of_the_products():
     assert len(chain) == 2  # the row without a chain time has no line there
     assert "1 launch" in chain[0] and "| 47.9 (48.3) |" in chain[0] and "| 36.0 (48.3) |" in chain[1]
     assert "_keys_select_kernel 31.0" in chain[0] and chain[1].endswith("| — |")
+
+
+@pytest.mark.parametrize("kind", ["mlp", "layer"])
+def test_between_layers_work_runs_a_decoder_layer_over_the_selected_pages(kind):
+    """The engine-like work of `--between-layers layer` (sparse decode over the chain's own selection, then a
+    decoder layer's products) runs as written, on the interpreter's CPU device; "mlp" is one product."""
+    import os
+    from types import SimpleNamespace
+
+    from locks_toolkit.harness.score_sweep import between_layers_work
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the sparse decode kernel needs TRITON_INTERPRET=1 on a CPU machine")
+    gen = torch.Generator().manual_seed(7)
+    geom = SimpleNamespace(num_q_heads=4, num_kv_heads=2, head_dim=64)
+    batch, pages, page = 1, 6, 16
+    k = torch.randn((pages, page, 2, 64), generator=gen, dtype=torch.float32).to(torch.bfloat16)
+    state = SimpleNamespace(k=[k], v=[k.clone()])
+    q = torch.randn((batch, 4, 64), generator=gen).to(torch.bfloat16)
+    table = torch.arange(pages, dtype=torch.int32).reshape(1, pages)
+    lens = torch.tensor([pages * page - 3], dtype=torch.int32)
+    work, what = between_layers_work(kind, geom, batch, q, state, table, lens)
+    selected = torch.tensor([[[0, 2, 5], [0, 1, 5]]], dtype=torch.int32)
+    out = work(0, selected)
+    assert out.shape == ((1, 256 + 2 * 2 * 64) if kind == "layer" else (1, 6 * 256)) and bool(torch.isfinite(out).all())
+    assert ("decoder layer" in what) == (kind == "layer") and ("product" in what) == (kind == "mlp")
