@@ -104,6 +104,8 @@ def select_path_for(select: str, table_pages: int) -> str:
     if select != "auto":
         return select
     return "one" if table_pages <= AUTO_ONE_LAUNCH_MAX_PAGES else "four"
+
+
 # How the one-launch path's last program selects (ScoreTuning.select_tail), production first: "loops" (two
 # short loops at any context), "registers" (keys in register tensors up to 9216 contested pages; ~6K unrolled
 # instructions, fetched cold in the engine), "memory" (passes over memory).
