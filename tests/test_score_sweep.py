@@ -111,13 +111,15 @@ def test_between_layers_table_shows_the_chain_time_net_of_the_products():
             "select_us": 18.0, "same_selection": True, "selection_problems": None}
     one = {**base, "tuning": asdict(ScoreTuning(select_path="one")), "mlp_us": 48.3, "in_chain_us": 47.94,
            "chain_kernel_us": {"locks_score_t": 16.1, "_keys_select_kernel": 31.0, "nvjet_sm90_gemv": 48.0}}
-    four = {**base, "tuning": asdict(ScoreTuning()), "mlp_us": 48.3, "in_chain_us": 36.0}
+    four = {**base, "tuning": asdict(ScoreTuning()), "mlp_us": 48.3, "in_chain_us": 36.0, "between": "layer",
+            "between_what": "sparse decode + a GLM-4-9B-like decoder layer (ffn 13696)"}
     plain = {**base, "tuning": asdict(ScoreTuning())}
     lines = markdown([one, four, plain]).splitlines()
     chain = [line for line in lines if "(48.3)" in line]
     assert len(chain) == 2  # the row without a chain time has no line there
     assert "1 launch" in chain[0] and "| 47.9 (48.3) |" in chain[0] and "| 36.0 (48.3) |" in chain[1]
     assert "_keys_select_kernel 31.0" in chain[0] and chain[1].endswith("| — |")
+    assert "| MLP-sized product |" in chain[0] and "| sparse decode + a GLM-4-9B-like decoder layer (ffn 13696) |" in chain[1]
 
 
 @pytest.mark.parametrize("kind", ["mlp", "layer"])

@@ -114,7 +114,7 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
 
     for name, fields in SCORER_KERNELS.items():
         ops = TritonOps("one", False, name)
-        assert ops._tuning == replace(DEFAULT_TUNING, select_path="one", **fields)
+        assert ops.tuning_for(8256) == replace(DEFAULT_TUNING, select_path="one", **fields)  # the tuning launches use
     assert TritonOps(scorer_kernel="pages")._tuning.transposed is False and TritonOps()._tuning.transposed
     assert TritonOps()._tuning.cuda and not TritonOps(scorer_kernel="transposed")._tuning.cuda
     with pytest.raises(ConfigError, match="use one of cuda, transposed, pages, lean"):

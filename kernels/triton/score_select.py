@@ -116,7 +116,7 @@ class ScoreTuning:
     # memory (what longer contexts do there), "loops" runs two short loops over them at any context.
     # "loops" since session 11: the register tail walks ~6K unrolled instructions, which the engine's GEMMs
     # evict from L2 between layers (H200, 128K bs1, between MLP-sized products: 30.5 µs against 15.0 alone;
-    # loops 18.0-19.4; `score-sweep-h200-s11.md`).
+    # loops 18.0-19.4; `bench-decode-glm4-40L-fa3-locks-async-h200-s11.md`).
     select_tail: str = SELECT_TAILS[0]
     tail_block: int | None = None  # keys per step of the "loops" tail (twice that on long contexts); None: topk_one.LOOP_BLOCK
     select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.SELECT_WARPS

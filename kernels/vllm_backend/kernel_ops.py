@@ -147,8 +147,8 @@ class TritonOps:
 
         self._ops = ops
         self._select = select
-        # select_path is settled per block-table width (`select_path_for`); "four" until a table is seen
-        self._tuning = replace(DEFAULT_TUNING, select_path=select_path_for(select, 1 << 30), pdl=pdl, **TUNING_OF[scorer_kernel])
+        # select_path is settled per block-table width (`tuning_for`); prepare and decode read no other field
+        self._tuning = replace(DEFAULT_TUNING, pdl=pdl, **TUNING_OF[scorer_kernel])
         self._tuning_by_width: dict[int, Any] = {}
 
     def tuning_for(self, table_pages: int) -> Any:
