@@ -118,39 +118,53 @@ MLP_WIDTH_FACTOR = 6
 BETWEEN_KINDS = ("mlp", "layer")
 
 
-def between_layers_work(kind: str, geom, batch: int, q: torch.Tensor, state: _ContextState, bt, seq_lens):
-    """(work(rows index, selected) -> its last output, description): what runs after each layer's score + select in the chain.
-    "mlp": one MLP-sized product (MLP_WIDTH_FACTOR). "layer": the rest of a decoder layer as the engine runs
-    it, so as many distinct kernels pass through the SMs as there: the sparse decode + merge over the
-    selected pages, then RMS norm, the QKV, output, gate-up and down products (GLM-4-9B-like widths) with
-    their elementwise ops. Session 11: the loop tail took 18.0 µs between "mlp" products and 24.4 in the
-    engine, where the four-launch kernels matched the sweep to 0.1 µs."""
+def decoder_layer_rest(geom, batch: int, device):
+    """(rest(attn_out [batch, Hq, d] bf16) -> its last output, ffn width): what a GLM-4-9B-like decoder layer runs
+    after attention at bs `batch`: the output product, RMS norms, gate-up and down products (GLM-4-9B's widths,
+    scaled with the hidden size) and their elementwise ops, then the next layer's QKV product."""
     hidden = geom.num_q_heads * geom.head_dim
-    dev, bf16 = q.device, torch.bfloat16
-    x = torch.randn((batch, hidden), device=dev, dtype=bf16)
-    if kind == "mlp":
-        weight = torch.randn((hidden, MLP_WIDTH_FACTOR * hidden), device=dev, dtype=bf16)
-        out = torch.empty((batch, MLP_WIDTH_FACTOR * hidden), device=dev, dtype=bf16)
-        return (lambda i, selected: torch.matmul(x, weight, out=out)), f"hidden x {MLP_WIDTH_FACTOR} hidden product"
+    bf16 = torch.bfloat16
+    x = torch.randn((batch, hidden), device=device, dtype=bf16)
     ffn = 13696 * hidden // 4096  # GLM-4-9B's intermediate size, scaled with the hidden size
     kv = 2 * geom.num_kv_heads * geom.head_dim
-    w_qkv = torch.randn((hidden, hidden + kv), device=dev, dtype=bf16) * 0.02
-    w_o = torch.randn((hidden, hidden), device=dev, dtype=bf16) * 0.02
-    w_up = torch.randn((hidden, 2 * ffn), device=dev, dtype=bf16) * 0.02
-    w_down = torch.randn((ffn, hidden), device=dev, dtype=bf16) * 0.02
-    norm = torch.ones(hidden, device=dev, dtype=bf16)
-    attn_out = torch.empty((batch, geom.num_q_heads, geom.head_dim), device=dev, dtype=bf16)
-    dws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev)
-    scale = geom.head_dim**-0.5
+    w_qkv = torch.randn((hidden, hidden + kv), device=device, dtype=bf16) * 0.02
+    w_o = torch.randn((hidden, hidden), device=device, dtype=bf16) * 0.02
+    w_up = torch.randn((hidden, 2 * ffn), device=device, dtype=bf16) * 0.02
+    w_down = torch.randn((ffn, hidden), device=device, dtype=bf16) * 0.02
+    norm = torch.ones(hidden, device=device, dtype=bf16)
 
-    def layer(i, selected):
-        ops.sparse_paged_decode(q, state.k[i], state.v[i], bt, seq_lens, selected, scale, attn_out, dws)
+    def rest(attn_out):
         h = torch.matmul(attn_out.reshape(batch, hidden), w_o) + x
         h = torch.nn.functional.rms_norm(h, (hidden,), norm)
         gate, up = torch.matmul(h, w_up).chunk(2, dim=-1)
         h = h + torch.matmul(torch.nn.functional.silu(gate) * up, w_down)
         qkv = torch.matmul(torch.nn.functional.rms_norm(h, (hidden,), norm), w_qkv)
         return qkv.mul_(1.0001).add_(0.5)  # stands in for the rotary embedding's elementwise kernel
+
+    return rest, ffn
+
+
+def between_layers_work(kind: str, geom, batch: int, q: torch.Tensor, state: _ContextState, bt, seq_lens):
+    """(work(rows index, selected) -> its last output, description): what runs after each layer's score + select in the chain.
+    "mlp": one MLP-sized product (MLP_WIDTH_FACTOR). "layer": the rest of a decoder layer as the engine runs
+    it, so as many distinct kernels pass through the SMs as there: the sparse decode + merge over the
+    selected pages, then `decoder_layer_rest`. Session 11: the loop tail took 18.0 µs between "mlp" products
+    and 24.4 in the engine, where the four-launch kernels matched the sweep to 0.1 µs."""
+    hidden = geom.num_q_heads * geom.head_dim
+    dev, bf16 = q.device, torch.bfloat16
+    if kind == "mlp":
+        x = torch.randn((batch, hidden), device=dev, dtype=bf16)
+        weight = torch.randn((hidden, MLP_WIDTH_FACTOR * hidden), device=dev, dtype=bf16)
+        out = torch.empty((batch, MLP_WIDTH_FACTOR * hidden), device=dev, dtype=bf16)
+        return (lambda i, selected: torch.matmul(x, weight, out=out)), f"hidden x {MLP_WIDTH_FACTOR} hidden product"
+    rest, ffn = decoder_layer_rest(geom, batch, dev)
+    attn_out = torch.empty((batch, geom.num_q_heads, geom.head_dim), device=dev, dtype=bf16)
+    dws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev)
+    scale = geom.head_dim**-0.5
+
+    def layer(i, selected):
+        ops.sparse_paged_decode(q, state.k[i], state.v[i], bt, seq_lens, selected, scale, attn_out, dws)
+        return rest(attn_out)
 
     return layer, f"sparse decode + a GLM-4-9B-like decoder layer (ffn {ffn})"
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from locks_toolkit.kernels.reference.testing import fresh_seed
-from locks_toolkit.kernels.triton.checks import DECODE_CASES, available_devices, check_decode
+from locks_toolkit.kernels.triton.checks import DECODE_CASES, DECODE_TUNINGS, available_devices, check_decode
 
 DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(reason="needs TRITON_INTERPRET=1 or a GPU"))]
 
@@ -19,3 +19,12 @@ def test_sparse_decode_matches_reference(device, case, dtype):
     print(result)
     assert result.ok, str(result)
 
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tuning", DECODE_TUNINGS, ids=str)
+@pytest.mark.parametrize("case", DECODE_CASES[1:4], ids=lambda c: f"G{c.group}-d{c.head_dim}-k{c.page_budget}-Hkv{c.num_kv_heads}")
+def test_sparse_decode_launch_shapes_match_reference(device, tuning, case):
+    """Other launch shapes (pages per iteration, split counts, the eager merge) give the reference's output."""
+    result = check_decode(device, case, fresh_seed(), torch.bfloat16, tuning=tuning)
+    assert result.ok, str(result)

@@ -23,6 +23,7 @@ from ..reference.summary import build_page_summaries, reconstruct_keys
 from ..reference.testing import gaussian_keys, generator, low_rank_keys
 from . import ops
 from ._common import FP32_EPS, RowConstants
+from .decode import DEFAULT_DECODE, DecodeTuning
 from .score_select import DEFAULT_TUNING, SCORER_KERNELS, TWO_TERM_DIET, ScoreTuning
 
 _SCORER_DEFAULT = next(iter(SCORER_KERNELS))  # the backend's score kernel (config.SCORER_KERNELS[0])
@@ -253,9 +254,11 @@ class DecodeCase:
 
 
 def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = torch.bfloat16,
-                 pdl: bool = False) -> CheckResult:
-    """sparse_paged_decode over random page subsets (sink, recent, -1 padding) vs paged_decode_reference."""
-    res = CheckResult(f"decode {case} {str(dtype)[6:]}" + (" pdl" if pdl else ""), seed)
+                 pdl: bool = False, tuning: DecodeTuning = DEFAULT_DECODE) -> CheckResult:
+    """sparse_paged_decode over random page subsets (sink, recent, -1 padding) vs paged_decode_reference,
+    under the launch shape `tuning`; the workspace's unused splits hold NaN, so a merge that reads them fails."""
+    shape = "" if tuning == DEFAULT_DECODE else f" {tuning}"
+    res = CheckResult(f"decode {case} {str(dtype)[6:]}" + (" pdl" if pdl else "") + shape, seed)
     gen = generator(seed)
     S, Hkv, G, d = len(case.seq_lens), case.num_kv_heads, case.group, case.head_dim
     num_pages = [cdiv(n, PAGE_SIZE) for n in case.seq_lens]
@@ -275,11 +278,11 @@ def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = 
     seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32)
     scale = d**-0.5
     out = torch.full(q.shape, float("nan"), dtype=dtype, device=device)
-    ws = ops.decode_workspace(S, Hkv * G, d, device)
+    ws = ops.decode_workspace(S, Hkv * G, d, device, num_splits=tuning.max_splits + 3)  # wider than used
     ws.partial_out.fill_(float("nan"))
     ws.partial_lse.fill_(float("nan"))
     ops.sparse_paged_decode(q.to(device), k_cache.to(device), v_cache.to(device), table.to(device), seq_lens.to(device),
-                            selected.to(device), scale, out, ws, pdl=pdl)
+                            selected.to(device), scale, out, ws, pdl=pdl, tuning=tuning)
     ref = paged_decode_reference(q.double(), k_cache.double(), v_cache.double(), table, seq_lens, scale,
                                  None if case.page_budget is None else selected.long())
     err = (out.cpu().double() - ref).abs()
@@ -334,6 +337,22 @@ DECODE_CASES = [
     DecodeCase((16 * 7 + 3, 16 * 4 + 13), group=3, head_dim=256, page_budget=4),  # padded head slots
     DecodeCase((16 * 10 + 7,), group=7, head_dim=128, page_budget=None),
 ]
+
+# Launch shapes other than the default's that the decode must also get right: the eager merge, one
+# iteration per program, splits past the group's programs, one page per iteration, a single split
+DECODE_TUNINGS = (
+    DecodeTuning(merge_eager=True),
+    DecodeTuning(pages_per_iter=4, stages=1, merge_eager=True),
+    DecodeTuning(pages_per_iter=1, max_splits=128, waves=4, stages=1, merge_eager=True),
+    DecodeTuning(pages_per_iter=8, max_splits=1, stages=1),
+)
+
+
+def decode_battery(device: str, seed: int, tunings=DECODE_TUNINGS) -> list[CheckResult]:
+    """Every DECODE_CASES case on bf16 and fp32 under each tuning: the GPU check before timing a decode
+    launch shape (`python -m ...triton.checks --decode`)."""
+    return [check_decode(device, c, seed + i, dtype, tuning=t) for t in tunings for i, c in enumerate(DECODE_CASES)
+            for dtype in (torch.bfloat16, torch.float32)]
 
 
 def gpu_smoke_checks(device: str, seed: int) -> list[CheckResult]:
@@ -471,6 +490,7 @@ if __name__ == "__main__":
     parser.add_argument("--select", metavar="PATHS", help=f"only the select cases on bf16, for these paths "
                         f"(comma-separated, of {', '.join(SELECT_PATHS)})")
     parser.add_argument("--cuda", action="store_true", help="the CUDA score kernel's cases (CUDA_CASES), four and one")
+    parser.add_argument("--decode", action="store_true", help="the decode cases under each of DECODE_TUNINGS")
     parser.add_argument("--scorer", default=_SCORER_DEFAULT, choices=tuple(SCORER_KERNELS),
                         help="with --select: the score kernel's code path (score_select.SCORER_KERNELS)")
     parser.add_argument("--tail", default=SELECT_TAILS[0], choices=SELECT_TAILS,
@@ -481,6 +501,8 @@ if __name__ == "__main__":
         sys.exit("no device: set TRITON_INTERPRET=1 (CPU) or run on a GPU")
     if args.cuda:
         battery = cuda_battery(devices[0], fresh_seed(), tail=args.tail)
+    elif args.decode:
+        battery = decode_battery(devices[0], fresh_seed())
     elif args.select:
         paths = args.select.split(",")
         unknown = [p for p in paths if p not in SELECT_PATHS]

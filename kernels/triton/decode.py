@@ -4,12 +4,13 @@ Reference: `reference.attention.paged_decode_reference` (selected_pages given; N
 
 `_sparse_decode_kernel`, grid (S * Hkv, num_splits): one program holds the G query heads of one
 KV head (G_DOT = next_pow2(G) rows; tl.dot pads small M itself) and walks its split's slice of the k selected
-page slots, PPI pages per iteration, through the block table; each K/V page is read once for all
+page slots, PPI pages per iteration (`DecodeTuning`), through the block table; each K/V page is read once for all
 G heads (K and V issued together: the first dot's operand shuffle is a barrier loads stay behind).
 Online softmax in fp32, P@V with p cast to the cache dtype (bf16), fp32 accumulation.
 Tokens >= seq_len (the partial last page) and -1 slots are masked. It writes (o / l, lse) per
 query head and split; `_merge_kernel`, grid (S * Hq,), combines the splits by log-sum-exp and
-writes out in q's dtype. (Merging in the decode kernel's last split to arrive, one launch fewer, was
+writes out in q's dtype. Each iteration is three dependent memory round trips (slot -> block table -> K/V),
+which at bs1 cost more than the bytes: `DecodeTuning` sets how many iterations a program walks. (Merging in the decode kernel's last split to arrive, one launch fewer, was
 1.1-1.4 µs slower at bs1 on the H200: `score-sweep-h200-s5.md`.) The split count is fixed by the
 workspace and the batch shape, never by data, so one captured graph serves every context.
 Bytes: k * B * d * 2 * elt (K+V, 1 MB per (seq, KV head) at b=2048, d=128, bf16)
@@ -26,8 +27,37 @@ import triton.language as tl
 
 from ._common import enter_dependent, mm
 
-PAGES_PER_ITER = 2  # 32 tokens per tl.dot: the N of QK^T and the K of PV
-MAX_SPLITS = 32
+
+
+@dataclass(frozen=True)
+class DecodeTuning:
+    """Launch shape of the sparse decode (the pages are the same under every tuning; fp32 order may differ).
+
+    pages_per_iter: pages per loop iteration (16 tokens each: the N of QK^T and the K of PV).
+    max_splits: the most splits per (sequence, KV head); the workspace holds this many.
+    waves: splits are sized for about this many programs per SM (then capped by max_splits and by
+      one iteration's pages per split).
+    warps, stages: the decode kernel's num_warps / num_stages.
+    merge_eager: the merge loads every split's partial output together with its lse, instead of
+      only the splits whose lse is finite after reading it (one memory round trip instead of two;
+      every split below num_splits is written by the decode kernel, so nothing unwritten is read).
+    """
+
+    pages_per_iter: int = 2
+    max_splits: int = 32
+    waves: int = 2
+    warps: int = 4
+    stages: int = 3
+    merge_eager: bool = False
+
+    def __post_init__(self) -> None:
+        if self.pages_per_iter < 1 or self.pages_per_iter & (self.pages_per_iter - 1):
+            raise ValueError(f"pages_per_iter must be a power of two, got {self.pages_per_iter}")
+        if self.max_splits < 1 or self.waves < 1:
+            raise ValueError(f"max_splits and waves must be >= 1, got {self.max_splits} / {self.waves}")
+
+
+DEFAULT_DECODE = DecodeTuning()
 
 
 @dataclass(frozen=True)
@@ -106,7 +136,7 @@ def _sparse_decode_kernel(
 @triton.jit
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, s_os, s_oh, num_q_heads, num_splits, max_splits,
-    D: tl.constexpr, D_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, PDL: tl.constexpr = False,
+    D: tl.constexpr, D_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, EAGER: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     enter_dependent(PDL)
     head = tl.program_id(0)  # flat (sequence, query head)
@@ -120,8 +150,8 @@ def _merge_kernel(
     top = tl.max(lse, axis=0)
     top_safe = tl.where(top == float("-inf"), 0.0, top)
     w = tl.where(spm & (lse > float("-inf")), tl.exp(lse - top_safe), 0.0)
-    o = tl.load(part_out_ptr + (head.to(tl.int64) * max_splits + sp)[:, None] * D + d[None, :],
-                mask=(w > 0)[:, None] & dm[None, :], other=0.0)
+    o_mask = (spm if EAGER else w > 0)[:, None] & dm[None, :]
+    o = tl.load(part_out_ptr + (head.to(tl.int64) * max_splits + sp)[:, None] * D + d[None, :], mask=o_mask, other=0.0)
     total = tl.sum(w, axis=0)
     res = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + s * s_os + qh * s_oh + d, res.to(out_ptr.dtype.element_ty), mask=dm)

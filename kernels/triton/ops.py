@@ -321,7 +321,8 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
 
 
 def decode_workspace(
-    max_num_seqs: int, num_q_heads: int, head_dim: int, device: torch.device | str, num_splits: int = _decode.MAX_SPLITS
+    max_num_seqs: int, num_q_heads: int, head_dim: int, device: torch.device | str,
+    num_splits: int = _decode.DEFAULT_DECODE.max_splits,
 ) -> DecodeWorkspace:
     """Split-K partials for sparse_paged_decode: fp32 out [S, Hq, splits, d] and lse [S, Hq, splits]."""
     return DecodeWorkspace(
@@ -330,10 +331,12 @@ def decode_workspace(
     )
 
 
-def decode_splits(num_seqs: int, num_kv_heads: int, page_budget: int, workspace: DecodeWorkspace, device_idx: int | None) -> int:
-    """Split count for a batch shape: enough programs for ~2 waves, each with >= PAGES_PER_ITER pages."""
-    wanted = cdiv(2 * num_sms(device_idx), num_seqs * num_kv_heads)
-    return max(1, min(workspace.max_splits, wanted, cdiv(page_budget, _decode.PAGES_PER_ITER)))
+def decode_splits(num_seqs: int, num_kv_heads: int, page_budget: int, workspace: DecodeWorkspace, device_idx: int | None,
+                  tuning: _decode.DecodeTuning = _decode.DEFAULT_DECODE) -> int:
+    """Split count for a batch shape: enough programs for `tuning.waves` per SM, each with >= one iteration's
+    pages, at most `tuning.max_splits` (and what the workspace holds)."""
+    wanted = cdiv(tuning.waves * num_sms(device_idx), num_seqs * num_kv_heads)
+    return max(1, min(workspace.max_splits, tuning.max_splits, wanted, cdiv(page_budget, tuning.pages_per_iter)))
 
 
 def sparse_paged_decode(
@@ -348,10 +351,12 @@ def sparse_paged_decode(
     workspace: DecodeWorkspace,
     *,
     pdl: bool = False,
+    tuning: _decode.DecodeTuning = _decode.DEFAULT_DECODE,
 ) -> None:
     """q [S, Hq, d], caches [NB, 16, Hkv, d], selected_pages int32 [S, Hkv, k] (logical, -1 skipped) -> writes out [S, Hq, d] (q dtype).
 
-    pdl: both launches (decode, merge) use programmatic dependent launch (`_common.enter_dependent`)."""
+    pdl: both launches (decode, merge) use programmatic dependent launch (`_common.enter_dependent`).
+    tuning: the launch shape (`decode.DecodeTuning`); the workspace must hold its splits."""
     num_seqs, num_q_heads, head_dim = q.shape
     check(k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE and k_cache.shape == v_cache.shape,
           f"k_cache/v_cache must both be [NB, {PAGE_SIZE}, Hkv, d]; got {tuple(k_cache.shape)} / {tuple(v_cache.shape)}")
@@ -370,16 +375,18 @@ def sparse_paged_decode(
           "rebuild it with decode_workspace(max_num_seqs, Hq, d, device)")
     page_budget = selected_pages.shape[2]
     group = num_q_heads // num_kv_heads
-    splits = decode_splits(num_seqs, num_kv_heads, page_budget, ws, device_index(q))
+    splits = decode_splits(num_seqs, num_kv_heads, page_budget, ws, device_index(q), tuning)
     _decode._sparse_decode_kernel[(num_seqs * num_kv_heads, splits)](
         q, k_cache, v_cache, block_table, seq_lens, selected_pages, ws.partial_out, ws.partial_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
         num_kv_heads, num_q_heads, page_budget, splits, ws.max_splits, scale,
         G=group, G_DOT=next_pow2(group), D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE,
-        PPI=_decode.PAGES_PER_ITER, FP32=dot_in_fp32(k_cache), PDL=pdl, launch_pdl=pdl, num_warps=4,
+        PPI=tuning.pages_per_iter, FP32=dot_in_fp32(k_cache), PDL=pdl, launch_pdl=pdl,
+        num_warps=tuning.warps, num_stages=tuning.stages,
     )
     _decode._merge_kernel[(num_seqs * num_q_heads,)](
         ws.partial_out, ws.partial_lse, out, out.stride(0), out.stride(1), num_q_heads, splits, ws.max_splits,
-        D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=next_pow2(splits), PDL=pdl, launch_pdl=pdl, num_warps=4,
+        D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=next_pow2(splits), EAGER=tuning.merge_eager, PDL=pdl, launch_pdl=pdl,
+        num_warps=4,
     )

@@ -1,0 +1,179 @@
+"""Launch-shape sweep of the sparse decode (+ merge) on one GPU: which `DecodeTuning` is fastest, per cell.
+
+    python -m locks_toolkit.harness.decode_sweep --contexts 32k --batch 1 --profile
+
+For each (context, batch) and tuning in VARIANTS it times the decode over the layer copies alone (CUDA graph,
+as `locks bench kernel` does), and again between the rest of a decoder layer (`score_sweep.decoder_layer_rest`),
+as the engine runs it after products that evict L2: `in_layer_us` = (that chain - the rest alone) per layer.
+--profile adds each kernel's µs per call inside that chain. Every variant's output on layer 0 is checked
+against the fp64 reference first (bf16 tolerance); a variant that fails is reported, not timed.
+The pages attended are sink + recent + random others, sorted, as a selection writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from dataclasses import asdict
+
+import torch
+
+from ..kernels.config import SelectionConfig, SummaryFormat
+from ..kernels.reference.attention import paged_decode_reference
+from ..kernels.reference.packing import SummaryLayout
+from ..kernels.triton import ops
+from ..kernels.triton.decode import DEFAULT_DECODE, DecodeTuning
+from .kernel_bench import _ContextState, _time_graph, resolve_geometry
+from .provenance import collect, reproduce_command
+from .score_sweep import decoder_layer_rest, profile_graph
+from .workload import format_size, parse_size_list
+
+SCHEMA_DECODE_SWEEP = "locks.decode_sweep/1"
+BF16_TOLERANCE = 2e-2  # atol and rtol against the fp64 reference, as `checks.check_decode`
+
+log = logging.getLogger(__name__)
+
+VARIANTS = (
+    # two 2-page iterations per program over 32 splits (128 programs at bs1, b=2048), Triton's 3 stages;
+    # the merge reads a split's partial output only after its lse (sessions 2-11)
+    DEFAULT_DECODE,
+    DecodeTuning(merge_eager=True),  # the merge's two loads issued together
+    DecodeTuning(stages=1, merge_eager=True),  # the same two iterations without software pipelining
+    # one iteration per program: one slot -> block table -> K/V chain instead of two
+    DecodeTuning(pages_per_iter=4, merge_eager=True),
+    DecodeTuning(pages_per_iter=4, stages=1, merge_eager=True),
+    DecodeTuning(pages_per_iter=4, stages=1, warps=8, merge_eager=True),
+    DecodeTuning(pages_per_iter=2, max_splits=64, stages=1, merge_eager=True),  # 256 programs of one 2-page iteration
+    DecodeTuning(pages_per_iter=8, max_splits=16, stages=1, merge_eager=True),  # 64 programs of one 8-page iteration
+    DecodeTuning(pages_per_iter=1, max_splits=128, waves=4, stages=1, merge_eager=True),  # 512 programs of one page
+)
+
+
+def attended_pages(batch: int, num_kv_heads: int, pages: int, k_pages: int, gen: torch.Generator) -> torch.Tensor:
+    """int32 [batch, Hkv, k]: sink, k-2 random pages between, the recent page; ascending, as a selection writes them."""
+    rows = []
+    for _ in range(batch * num_kv_heads):
+        middle = (torch.randperm(pages - 2, generator=gen)[: k_pages - 2] + 1).sort().values
+        rows.append(torch.cat((torch.tensor([0]), middle, torch.tensor([pages - 1]))))
+    return torch.stack(rows).to(torch.int32).reshape(batch, num_kv_heads, k_pages)
+
+
+def sweep_cell(geom, state: _ContextState, batch: int, budget_tokens: int, replays: int, variants=VARIANTS,
+               profile: bool = False, gen: torch.Generator | None = None) -> list[dict]:
+    k_pages = min(SelectionConfig(budget_tokens=budget_tokens).page_budget, state.pages)
+    scale = geom.head_dim**-0.5
+    dev = "cuda"
+    q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device=dev, dtype=torch.bfloat16)
+    bt = state.block_table[:batch]
+    seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device=dev)
+    selected = attended_pages(batch, geom.num_kv_heads, state.pages, k_pages, gen or torch.Generator().manual_seed(0)).to(dev)
+    reference = paged_decode_reference(q.double(), state.k[0].double(), state.v[0].double(), bt, seq_lens, scale, selected.long())
+    rest, _ = decoder_layer_rest(geom, batch, dev)
+    out = torch.empty_like(q)
+
+    def rest_alone():
+        for _ in state.k:
+            rest(out)
+
+    rest_us = _time_graph(rest_alone, replays, state.copies)["mean_us"]
+    rows = []
+    for tuning in variants:
+        ws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev, num_splits=tuning.max_splits)
+        row = {"tuning": asdict(tuning), "context_tokens": state.seq_len - 1, "batch_size": batch, "page_budget": k_pages,
+               "splits": ops.decode_splits(batch, geom.num_kv_heads, k_pages, ws, torch.cuda.current_device(), tuning)}
+        try:
+            out.fill_(float("nan"))
+            ops.sparse_paged_decode(q, state.k[0], state.v[0], bt, seq_lens, selected, scale, out, ws, tuning=tuning)
+            err = (out.double() - reference).abs()
+            row["max_error"] = float(err.nan_to_num(float("inf")).max())
+            if not bool((err <= BF16_TOLERANCE + BF16_TOLERANCE * reference.abs()).all()):
+                row.update(status="wrong", reason=f"max |out - ref| = {row['max_error']:.3g}")
+                rows.append(row)
+                continue
+
+            def alone(tuning=tuning, ws=ws):
+                for k, v in zip(state.k, state.v):
+                    ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, ws, tuning=tuning)
+
+            def in_layer(tuning=tuning, ws=ws):
+                for k, v in zip(state.k, state.v):
+                    ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, ws, tuning=tuning)
+                    rest(out)
+
+            timing = _time_graph(alone, replays, state.copies)
+            row.update(status="ok", alone_us=timing["mean_us"], sd_us=timing["sd_us"], rest_us=rest_us,
+                       in_layer_us=_time_graph(in_layer, replays, state.copies)["mean_us"] - rest_us)
+            if profile:
+                row["kernel_us"] = profile_graph(in_layer, replays, state.copies)
+        except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
+            log.warning("variant %s failed: %s", tuning, exc)
+            row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
+        rows.append(row)
+    return rows
+
+
+def _shape(t: dict) -> str:
+    return (f"{t['pages_per_iter']} pages/iter, ≤ {t['max_splits']} splits, {t['warps']} warps, {t['stages']} stages"
+            + (", eager merge" if t["merge_eager"] else ""))
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| context | bs | decode tuning | splits | alone µs | in a layer µs (the rest alone) | max error | µs per kernel in the layer |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        head = f"| {format_size(r['context_tokens'])} | {r['batch_size']} | {_shape(r['tuning'])} | {r['splits']} "
+        if r["status"] != "ok":
+            lines.append(head + f"| {r['status']}: {r.get('reason', '')[:60]} | — | — | — |")
+            continue
+        kernels = ", ".join(f"{name[:28]} {us:.1f}" for name, us in r.get("kernel_us", {}).items()
+                            if "decode" in name or "merge" in name)
+        lines.append(head + f"| {r['alone_us']:.2f} ± {r['sd_us']:.2f} | {r['in_layer_us']:.2f} ({r['rest_us']:.1f}) "
+                     f"| {r['max_error']:.2g} | {kernels or '—'} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Sweep the Locks sparse decode's launch shape.")
+    parser.add_argument("--preset", default="glm4-9b-1m")
+    parser.add_argument("--contexts", default="32k")
+    parser.add_argument("--batch", default="1")
+    parser.add_argument("--budget", type=int, default=2048)
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--pick", default=None, help="time only these VARIANTS indices (comma-separated)")
+    parser.add_argument("--profile", action="store_true", help="also each kernel's µs per call inside the layer chain")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        chosen = [VARIANTS[int(i)] for i in args.pick.split(",")] if args.pick else list(VARIANTS)
+    except (ValueError, IndexError):
+        print(f"error: --pick {args.pick!r} must be comma-separated indices below {len(VARIANTS)}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("error: the decode sweep needs a CUDA GPU; run it on the H200 machine", file=sys.stderr)
+        return 2
+    geom = resolve_geometry(args.preset)
+    layout = SummaryLayout(SummaryFormat.parse("r8i4"), geom.head_dim)  # _ContextState builds summaries; the decode ignores them
+    gen = torch.Generator().manual_seed(0)
+    batches = parse_size_list(args.batch)
+    provenance = collect(reproduce_command(), schema=SCHEMA_DECODE_SWEEP)
+    rows = []
+    for context in parse_size_list(args.contexts):
+        state = _ContextState(geom, layout, context, max(batches), gen)
+        for batch in batches:
+            cell = sweep_cell(geom, state, batch, args.budget, args.replays, chosen, args.profile, gen)
+            rows.extend(cell)
+            if args.out:
+                with open(args.out, "a") as f:
+                    for r in cell:
+                        f.write(json.dumps({**r, "provenance": provenance}) + "\n")
+        del state
+        torch.cuda.empty_cache()
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
