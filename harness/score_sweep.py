@@ -171,7 +171,7 @@ def between_layers_work(kind: str, geom, batch: int, q: torch.Tensor, state: _Co
 
 def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: int, replays: int,
                variants=VARIANTS, flat: bool = False, table_pages: int = 0, profile: bool = False,
-               query_scale: float = 1.0, between_layers: str | None = None) -> list[dict]:
+               query_scale: float = 1.0, between_layers: str | None = None, select_repeats: int = 1) -> list[dict]:
     """flat: zero queries, so every page scores the same and every key ties (the select path's worst case).
     query_scale: queries times this; a small one (1e-5 .. 3e-2) gives near-tied keys, which crowd the
     threshold bin without tying it (what dummy-weight attention may look like; session 8 timed 1e-5, 1e-3, 3e-2).
@@ -181,7 +181,10 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
     between_layers: also the chain with other work after each layer (`between_layers_work`: "mlp" or
     "layer"), as the engine interleaves them: `in_chain_us` = (that chain - the work alone) per layer, and
     with profile `chain_kernel_us`, each kernel's µs inside it (session 10: the one-launch selection takes
-    ~13 µs per layer more in the engine at 128K than alone, on the same keys)."""
+    ~13 µs per layer more in the engine at 128K than alone, on the same keys).
+    select_repeats: in that chain, launch the selection this many times per layer; `chain_kernel_us` then sums
+    them. The later launches find the selection's code and data warm, so the sum against repeats x the first
+    launch's time shows how much of that time is cold caches."""
     k_pages = SelectionConfig(budget_tokens=budget_tokens).page_budget
     scale = geom.head_dim**-0.5
     q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
@@ -239,12 +242,15 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                 def chain_with_work(chunks=chunks, selected=selected, tuning=tuning):
                     for i, rows in enumerate(state.rows):
                         ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
-                        ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
+                        for _ in range(select_repeats):
+                            ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
                         work(i, selected)
 
                 with_work = _time_graph(chain_with_work, replays, state.copies)["mean_us"]
                 # `mlp_us` (the work alone) keeps its session-10 name: records and the table read it
-                row.update(mlp_us=work_us, in_chain_us=with_work - work_us, between=between_layers, between_what=work_what)
+                repeats = "" if select_repeats == 1 else f"; the selection launched {select_repeats} times per layer"
+                row.update(mlp_us=work_us, in_chain_us=with_work - work_us, between=between_layers, between_what=work_what + repeats,
+                           select_repeats=select_repeats)
                 if profile:
                     row["chain_kernel_us"] = profile_graph(chain_with_work, replays, state.copies)
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
@@ -348,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time score + select with other work after each layer, as the engine runs them: "
                              "mlp (an MLP-sized product; the default) or layer (sparse decode + a decoder layer's ops)")
     parser.add_argument("--table-pages", type=int, default=0, help="block-table width (an engine's max_model_len / 16)")
+    parser.add_argument("--select-repeats", type=int, default=1,
+                        help="with --between-layers: launch the selection this many times per layer (cold vs warm caches)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -355,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [VARIANTS[int(i)] for i in args.pick.split(",")] if args.pick else list(VARIANTS[: args.variants])
     except (ValueError, IndexError):
         print(f"error: --pick {args.pick!r} must be comma-separated indices below {len(VARIANTS)}", file=sys.stderr)
+        return 2
+    if args.select_repeats < 1:
+        print(f"error: --select-repeats must be >= 1, got {args.select_repeats}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("error: the score sweep needs a CUDA GPU; run it on the H200 machine", file=sys.stderr)
@@ -369,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         state = _ContextState(geom, layout, context, max(batches), gen)
         for batch in batches:
             cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, chosen, args.flat, args.table_pages, args.profile,
-                              args.query_scale, args.between_layers)
+                              args.query_scale, args.between_layers, args.select_repeats)
             rows.extend(cell)
             if args.out:
                 with open(args.out, "a") as f:

@@ -146,3 +146,10 @@ def test_between_layers_work_runs_a_decoder_layer_over_the_selected_pages(kind):
     out = work(0, selected)
     assert out.shape == ((1, 256 + 2 * 2 * 64) if kind == "layer" else (1, 6 * 256)) and bool(torch.isfinite(out).all())
     assert ("decoder layer" in what) == (kind == "layer") and ("product" in what) == (kind == "mlp")
+
+
+def test_select_repeats_below_one_is_refused(capsys):
+    from locks_toolkit.harness.score_sweep import main
+
+    assert main(["--select-repeats", "0"]) == 2
+    assert "--select-repeats must be >= 1, got 0" in capsys.readouterr().err
