@@ -149,7 +149,7 @@ register_arm(
 )
 # Kernel variants of `locks`: the same pages through other launches, to be timed beside it in one run.
 _LOCKS_VARIANTS = (
-    ("locks-one", "the one-launch selection kernels (select='one', the default since session 11, pinned)", {"select": "one"}),
+    ("locks-one", "the one-launch selection kernels, pinned (select='one'; 'auto' runs them on tables up to 4096 pages)", {"select": "one"}),
     ("locks-four", "the four-launch selection kernels (select='four': the default before session 11)", {"select": "four"}),
     ("locks-three", "the three-launch selection (select='three': the last resolve program finalizes)", {"select": "three"}),
     ("locks-pdl", "programmatic dependent launch of its decode kernels (pdl=true)", {"pdl": True}),

@@ -24,7 +24,7 @@ from ..kernels.config import SelectionConfig, SummaryFormat
 from ..kernels.reference.attention import paged_decode_reference
 from ..kernels.reference.packing import SummaryLayout
 from ..kernels.triton import ops
-from ..kernels.triton.decode import DEFAULT_DECODE, DecodeTuning
+from ..kernels.triton.decode import DEFAULT_DECODE, SESSION2_DECODE, DecodeTuning
 from .kernel_bench import _ContextState, _time_graph, resolve_geometry
 from .provenance import collect, reproduce_command
 from .score_sweep import decoder_layer_rest, profile_graph
@@ -38,22 +38,22 @@ log = logging.getLogger(__name__)
 VARIANTS = (
     # two 2-page iterations per program over 32 splits (128 programs at bs1, b=2048), Triton's 3 stages;
     # the merge reads a split's partial output only after its lse (sessions 2-11)
-    DEFAULT_DECODE,
-    DecodeTuning(merge_eager=True),  # the merge's two loads issued together
-    DecodeTuning(stages=1, merge_eager=True),  # the same two iterations without software pipelining
+    SESSION2_DECODE,
+    DecodeTuning(pages_per_iter=2, warps=4),  # the merge's two loads issued together
+    DecodeTuning(pages_per_iter=2, warps=4, stages=1),  # the same two iterations without software pipelining
     # one iteration per program: one slot -> block table -> K/V chain instead of two
-    DecodeTuning(pages_per_iter=4, merge_eager=True),
-    DecodeTuning(pages_per_iter=4, stages=1, merge_eager=True),
-    DecodeTuning(pages_per_iter=4, stages=1, warps=8, merge_eager=True),
-    DecodeTuning(pages_per_iter=2, max_splits=64, stages=1, merge_eager=True),  # 256 programs of one 2-page iteration
-    DecodeTuning(pages_per_iter=8, max_splits=16, stages=1, merge_eager=True),  # 64 programs of one 8-page iteration
-    DecodeTuning(pages_per_iter=1, max_splits=128, waves=4, stages=1, merge_eager=True),  # 512 programs of one page
+    DecodeTuning(warps=4),
+    DecodeTuning(warps=4, stages=1),
+    DecodeTuning(stages=1),
+    DecodeTuning(pages_per_iter=2, max_splits=64, warps=4, stages=1),  # 256 programs of one 2-page iteration
+    DecodeTuning(pages_per_iter=8, max_splits=16, warps=4, stages=1),  # 64 programs of one 8-page iteration
+    DecodeTuning(pages_per_iter=1, max_splits=128, waves=4, warps=4, stages=1),  # 512 programs of one page
     # session 12, round 2 around the best of round 1 (4.9 + 2.5 µs against 5.8 + 2.6 in a layer at 32K)
-    DecodeTuning(pages_per_iter=2, max_splits=64, merge_eager=True),
-    DecodeTuning(pages_per_iter=2, max_splits=64, stages=2, merge_eager=True),
-    DecodeTuning(pages_per_iter=2, max_splits=64, stages=1, warps=8, merge_eager=True),
-    DecodeTuning(pages_per_iter=4, warps=8, merge_eager=True),
-    DecodeTuning(pages_per_iter=2, max_splits=64, stages=1, warps=2, merge_eager=True),
+    DecodeTuning(pages_per_iter=2, max_splits=64, warps=4),
+    DecodeTuning(pages_per_iter=2, max_splits=64, warps=4, stages=2),
+    DecodeTuning(pages_per_iter=2, max_splits=64, stages=1),
+    DEFAULT_DECODE,  # 4 pages per iteration, 8 warps, 3 stages: the default since session 12
+    DecodeTuning(pages_per_iter=2, max_splits=64, warps=2, stages=1),
 )
 
 

@@ -23,11 +23,11 @@ def test_markdown_lists_each_shape_with_its_kernels_and_failures():
     from locks_toolkit.harness.decode_sweep import markdown
     from locks_toolkit.kernels.triton.decode import DecodeTuning
 
-    ok = {"tuning": asdict(DecodeTuning(pages_per_iter=4, stages=1, merge_eager=True)), "context_tokens": 32768,
+    ok = {"tuning": asdict(DecodeTuning(pages_per_iter=4, warps=4, stages=1)), "context_tokens": 32768,
           "batch_size": 1, "splits": 32, "status": "ok", "alone_us": 6.123, "sd_us": 0.05, "in_layer_us": 7.456,
           "rest_us": 140.0, "max_error": 0.0039,
           "kernel_us": {"_sparse_decode_kernel": 4.4, "_merge_kernel": 2.1, "nvjet_sm90_gemv": 30.0}}
-    bad = {"tuning": asdict(DecodeTuning(pages_per_iter=8, max_splits=16)), "context_tokens": 32768, "batch_size": 1,
+    bad = {"tuning": asdict(DecodeTuning(pages_per_iter=8, max_splits=16, merge_eager=False)), "context_tokens": 32768, "batch_size": 1,
            "splits": 16, "status": "wrong", "reason": "max |out - ref| = 0.5"}
     lines = markdown([ok, bad]).splitlines()
     assert "| 4 pages/iter, ≤ 32 splits, 4 warps, 1 stages, eager merge | 32 | 6.12 ± 0.05 | 7.46 (140.0) |" in lines[2]

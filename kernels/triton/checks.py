@@ -23,7 +23,7 @@ from ..reference.summary import build_page_summaries, reconstruct_keys
 from ..reference.testing import gaussian_keys, generator, low_rank_keys
 from . import ops
 from ._common import FP32_EPS, RowConstants
-from .decode import DEFAULT_DECODE, DecodeTuning
+from .decode import DEFAULT_DECODE, SESSION2_DECODE, DecodeTuning
 from .score_select import DEFAULT_TUNING, SCORER_KERNELS, TWO_TERM_DIET, ScoreTuning
 
 _SCORER_DEFAULT = next(iter(SCORER_KERNELS))  # the backend's score kernel (config.SCORER_KERNELS[0])
@@ -342,13 +342,13 @@ DECODE_CASES = [
     DecodeCase((16 * 10 + 7,), group=7, head_dim=128, page_budget=None),
 ]
 
-# Launch shapes other than the default's that the decode must also get right: the eager merge, one
-# iteration per program, splits past the group's programs, one page per iteration, a single split
+# Launch shapes other than the default's that the decode must also get right: sessions 2-11's (two iterations,
+# the merge waiting on each lse), 64 splits, one page per iteration, a single split
 DECODE_TUNINGS = (
-    DecodeTuning(merge_eager=True),
-    DecodeTuning(pages_per_iter=4, stages=1, merge_eager=True),
-    DecodeTuning(pages_per_iter=1, max_splits=128, waves=4, stages=1, merge_eager=True),
-    DecodeTuning(pages_per_iter=8, max_splits=1, stages=1),
+    SESSION2_DECODE,
+    DecodeTuning(pages_per_iter=2, max_splits=64, warps=4, stages=1),
+    DecodeTuning(pages_per_iter=1, max_splits=128, waves=4, warps=4, stages=1),
+    DecodeTuning(pages_per_iter=8, max_splits=1, stages=1, merge_eager=False),
 )
 
 
