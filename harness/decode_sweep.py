@@ -54,13 +54,6 @@ VARIANTS = (
     DecodeTuning(pages_per_iter=2, max_splits=64, stages=1),
     DEFAULT_DECODE,  # 4 pages per iteration, 8 warps, 3 stages: the default since session 12
     DecodeTuning(pages_per_iter=2, max_splits=64, warps=2, stages=1),
-    # the merge in the decode launch (G mergers per pair; splits capped so the grid fits at one program per SM:
-    # 25 at bs1 with 4 KV heads and G = 8)
-    DecodeTuning(fused_merge=True),
-    DecodeTuning(pages_per_iter=8, max_splits=16, warps=4, stages=1, fused_merge=True),
-    DecodeTuning(pages_per_iter=8, max_splits=16, fused_merge=True),
-    DecodeTuning(pages_per_iter=2, warps=4, fused_merge=True),
-    DecodeTuning(pages_per_iter=8, fused_merge=True),
 )
 
 
@@ -94,9 +87,8 @@ def sweep_cell(geom, state: _ContextState, batch: int, budget_tokens: int, repla
     rows = []
     for tuning in variants:
         ws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev, num_splits=tuning.max_splits)
-        splits, fused = ops.decode_launch(batch, geom.num_kv_heads, geom.group, k_pages, ws, torch.cuda.current_device(), tuning)
         row = {"tuning": asdict(tuning), "context_tokens": state.seq_len - 1, "batch_size": batch, "page_budget": k_pages,
-               "splits": splits, "fused": fused}
+               "splits": ops.decode_splits(batch, geom.num_kv_heads, k_pages, ws, torch.cuda.current_device(), tuning)}
         try:
             out.fill_(float("nan"))
             ops.sparse_paged_decode(q, state.k[0], state.v[0], bt, seq_lens, selected, scale, out, ws, tuning=tuning)
@@ -130,15 +122,14 @@ def sweep_cell(geom, state: _ContextState, batch: int, budget_tokens: int, repla
 
 def _shape(t: dict) -> str:
     return (f"{t['pages_per_iter']} pages/iter, ≤ {t['max_splits']} splits, {t['warps']} warps, {t['stages']} stages"
-            + (", eager merge" if t["merge_eager"] else "") + (", merge in the launch" if t.get("fused_merge") else ""))
+            + (", eager merge" if t["merge_eager"] else ""))
 
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| context | bs | decode tuning | splits | alone µs | in a layer µs (the rest alone) | max error | µs per kernel in the layer |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        splits = f"{r['splits']}" + (" (fused)" if r.get("fused") else "")
-        head = f"| {format_size(r['context_tokens'])} | {r['batch_size']} | {_shape(r['tuning'])} | {splits} "
+        head = f"| {format_size(r['context_tokens'])} | {r['batch_size']} | {_shape(r['tuning'])} | {r['splits']} "
         if r["status"] != "ok":
             lines.append(head + f"| {r['status']}: {r.get('reason', '')[:60]} | — | — | — |")
             continue

@@ -105,7 +105,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
               TAIL=_one.TAIL_CODES[_ss.DEFAULT_TUNING.select_tail], LOOP_BLOCK=_one.LOOP_BLOCK, SCP=_ss.DEFAULT_TUNING.max_chunks, **_one.register_sizes(), **select_common), _one.SELECT_WARPS),
         (_decode._sparse_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
                                          "seq_lens_ptr": "*i32", "sel_ptr": "*i32", "part_out_ptr": "*fp32",
-                                         "part_lse_ptr": "*fp32", "out_ptr": "*bf16", "arrivals_ptr": "*i32", "scale": "fp32"},
+                                         "part_lse_ptr": "*fp32", "scale": "fp32"},
          dict(G=group, G_DOT=g_dot, D=head_dim, D_PAD=head_dim, B=PAGE_SIZE, PPI=_decode.DEFAULT_DECODE.pages_per_iter, FP32=False), _decode.DEFAULT_DECODE.warps),
         (_decode._merge_kernel, {"part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": "*bf16"},
          dict(D=head_dim, D_PAD=head_dim, SPLIT_PAD=_decode.DEFAULT_DECODE.max_splits, EAGER=_decode.DEFAULT_DECODE.merge_eager), 4),

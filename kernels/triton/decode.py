@@ -10,17 +10,9 @@ Online softmax in fp32, P@V with p cast to the cache dtype (bf16), fp32 accumula
 Tokens >= seq_len (the partial last page) and -1 slots are masked. It writes (o / l, lse) per
 query head and split; `_merge_kernel`, grid (S * Hq,), combines the splits by log-sum-exp and
 writes out in q's dtype. Each iteration is three dependent memory round trips (slot -> block table -> K/V),
-which at bs1 cost more than the bytes: `DecodeTuning` sets how many iterations a program walks.
-
-With `DecodeTuning.fused_merge` the merge runs in the decode launch: grid (S * Hkv, splits + G), where the
-last G programs of each pair are mergers. Each split's program counts its arrival on the pair's counter
-(after a CTA barrier, with release order); each merger waits until all splits have arrived (acquire), merges
-its query head, and counts its departure; the last to depart re-arms the counter for the next launch. The
-mergers never wait on a program that cannot run: the launch is fused only when its whole grid fits on the
-GPU at one program per SM (`ops.decode_launch`), and under the interpreter the grid runs in order, splits
-before mergers. (Merging in the last split to arrive instead, serially, was 1.1-1.4 µs slower at bs1 on the
-H200 than the merge kernel: `score-sweep-h200-s5.md`.) The split count is fixed by the workspace and the
-batch shape, never by data, so one captured graph serves every context.
+which at bs1 cost more than the bytes: `DecodeTuning` sets how many iterations a program walks. (Merging in the decode kernel's last split to arrive, one launch fewer, was
+1.1-1.4 µs slower at bs1 on the H200: `score-sweep-h200-s5.md`.) The split count is fixed by the
+workspace and the batch shape, never by data, so one captured graph serves every context.
 Bytes: k * B * d * 2 * elt (K+V, 1 MB per (seq, KV head) at b=2048, d=128, bf16)
 + partials 2 * Hq * splits * (d + 1) * 4 (written and re-read).
 """
@@ -49,8 +41,6 @@ class DecodeTuning:
     merge_eager: the merge loads every split's partial output together with its lse, instead of
       only the splits whose lse is finite after reading it (one memory round trip instead of two;
       every split below num_splits is written by the decode kernel, so nothing unwritten is read).
-    fused_merge: merge in the decode launch (G merger programs per pair; module docstring) where the grid
-      fits on the GPU at one program per SM, with fewer splits if need be; else the merge kernel.
     """
 
     pages_per_iter: int = 4
@@ -59,7 +49,6 @@ class DecodeTuning:
     warps: int = 8
     stages: int = 3
     merge_eager: bool = True
-    fused_merge: bool = False
 
     def __post_init__(self) -> None:
         if self.pages_per_iter < 1 or self.pages_per_iter & (self.pages_per_iter - 1):
@@ -77,12 +66,10 @@ SESSION2_DECODE = DecodeTuning(pages_per_iter=2, warps=4, merge_eager=False)
 
 @dataclass(frozen=True)
 class DecodeWorkspace:
-    """Split-K partials: out [S_max, Hq, splits, d] fp32 and lse [S_max, Hq, splits] fp32; arrivals int32
-    [S_max * Hq], zero between launches (the fused merge's per-pair counters)."""
+    """Split-K partials: out [S_max, Hq, splits, d] fp32 and lse [S_max, Hq, splits] fp32."""
 
     partial_out: torch.Tensor
     partial_lse: torch.Tensor
-    arrivals: torch.Tensor
 
     @property
     def max_splits(self) -> int:
@@ -90,15 +77,16 @@ class DecodeWorkspace:
 
 
 @triton.jit
-def _attend_split(
+def _sparse_decode_kernel(
     q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sel_ptr, part_out_ptr, part_lse_ptr,
     s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt,
-    num_kv_heads, num_q_heads, K, num_splits, max_splits, scale, pair, split,
+    num_kv_heads, num_q_heads, K, num_splits, max_splits, scale,
     G: tl.constexpr, G_DOT: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr,
-    PPI: tl.constexpr, FP32: tl.constexpr,
+    PPI: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """One program's split: attention of the G query heads of `pair` over its slice of the selected pages,
-    written as (o / l, lse) partials."""
+    enter_dependent(PDL)
+    pair = tl.program_id(0)
+    split = tl.program_id(1)
     s = pair // num_kv_heads
     h = pair % num_kv_heads
     seq_len = tl.load(seq_lens_ptr + s)
@@ -150,70 +138,6 @@ def _attend_split(
 
 
 @triton.jit
-def _merge_head(
-    part_out_ptr, part_lse_ptr, out_ptr, head, out_offset, num_splits, max_splits,
-    D: tl.constexpr, D_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, EAGER: tl.constexpr, CACHE: tl.constexpr,
-):
-    """out[out_offset : + D] = the log-sum-exp combination of query head `head`'s split partials. CACHE: the
-    partials' load cache modifier ('.cg' where other programs of the same launch wrote them: L2, not L1)."""
-    sp = tl.arange(0, SPLIT_PAD)
-    spm = sp < num_splits
-    d = tl.arange(0, D_PAD)
-    dm = d < D
-    lse = tl.load(part_lse_ptr + head * max_splits + sp, mask=spm, other=float("-inf"), cache_modifier=CACHE)
-    top = tl.max(lse, axis=0)
-    top_safe = tl.where(top == float("-inf"), 0.0, top)
-    w = tl.where(spm & (lse > float("-inf")), tl.exp(lse - top_safe), 0.0)
-    o_mask = (spm if EAGER else w > 0)[:, None] & dm[None, :]
-    o = tl.load(part_out_ptr + (head.to(tl.int64) * max_splits + sp)[:, None] * D + d[None, :], mask=o_mask, other=0.0,
-                cache_modifier=CACHE)
-    total = tl.sum(w, axis=0)
-    res = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + out_offset + d, res.to(out_ptr.dtype.element_ty), mask=dm)
-
-
-@triton.jit
-def _sparse_decode_kernel(
-    q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sel_ptr, part_out_ptr, part_lse_ptr, out_ptr, arrivals_ptr,
-    s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt, s_os, s_oh,
-    num_kv_heads, num_q_heads, K, num_splits, max_splits, scale,
-    G: tl.constexpr, G_DOT: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr,
-    PPI: tl.constexpr, FP32: tl.constexpr, FUSED: tl.constexpr = False, MERGERS: tl.constexpr = 1,
-    SPLIT_PAD: tl.constexpr = 1, EAGER: tl.constexpr = True, PDL: tl.constexpr = False,
-):
-    enter_dependent(PDL)
-    pair = tl.program_id(0)
-    split = tl.program_id(1)
-    if FUSED:
-        if split < num_splits:
-            _attend_split(q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sel_ptr, part_out_ptr, part_lse_ptr,
-                          s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt,
-                          num_kv_heads, num_q_heads, K, num_splits, max_splits, scale, pair, split,
-                          G, G_DOT, D, D_PAD, B, PPI, FP32)
-            tl.debug_barrier()  # every thread's partials are issued before the arrival
-            tl.atomic_add(arrivals_ptr + pair, 1, sem="release")
-        else:
-            # a merger: waits for the pair's num_splits arrivals (all co-resident: `ops.decode_launch`), merges
-            # query heads merger, merger + MERGERS, ..., then departs; the last to depart re-arms the counter
-            seen = tl.atomic_add(arrivals_ptr + pair, 0, sem="acquire")
-            while seen < num_splits:
-                seen = tl.atomic_add(arrivals_ptr + pair, 0, sem="acquire")
-            tl.debug_barrier()
-            s = pair // num_kv_heads
-            h = pair % num_kv_heads
-            for g in range(split - num_splits, G, MERGERS):
-                _merge_head(part_out_ptr, part_lse_ptr, out_ptr, s * num_q_heads + h * G + g, s * s_os + (h * G + g) * s_oh,
-                            num_splits, max_splits, D, D_PAD, SPLIT_PAD, EAGER, ".cg")
-            if tl.atomic_add(arrivals_ptr + pair, 1, sem="relaxed") == num_splits + MERGERS - 1:
-                tl.atomic_xchg(arrivals_ptr + pair, 0, sem="relaxed")
-    else:
-        _attend_split(q_ptr, k_ptr, v_ptr, block_table_ptr, seq_lens_ptr, sel_ptr, part_out_ptr, part_lse_ptr,
-                      s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt,
-                      num_kv_heads, num_q_heads, K, num_splits, max_splits, scale, pair, split,
-                      G, G_DOT, D, D_PAD, B, PPI, FP32)
-
-
-@triton.jit
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, s_os, s_oh, num_q_heads, num_splits, max_splits,
     D: tl.constexpr, D_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, EAGER: tl.constexpr = False, PDL: tl.constexpr = False,
@@ -222,5 +146,16 @@ def _merge_kernel(
     head = tl.program_id(0)  # flat (sequence, query head)
     s = head // num_q_heads
     qh = head % num_q_heads
-    _merge_head(part_out_ptr, part_lse_ptr, out_ptr, head, s * s_os + qh * s_oh, num_splits, max_splits,
-                D, D_PAD, SPLIT_PAD, EAGER, "")
+    sp = tl.arange(0, SPLIT_PAD)
+    spm = sp < num_splits
+    d = tl.arange(0, D_PAD)
+    dm = d < D
+    lse = tl.load(part_lse_ptr + head * max_splits + sp, mask=spm, other=float("-inf"))
+    top = tl.max(lse, axis=0)
+    top_safe = tl.where(top == float("-inf"), 0.0, top)
+    w = tl.where(spm & (lse > float("-inf")), tl.exp(lse - top_safe), 0.0)
+    o_mask = (spm if EAGER else w > 0)[:, None] & dm[None, :]
+    o = tl.load(part_out_ptr + (head.to(tl.int64) * max_splits + sp)[:, None] * D + d[None, :], mask=o_mask, other=0.0)
+    total = tl.sum(w, axis=0)
+    res = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + s * s_os + qh * s_oh + d, res.to(out_ptr.dtype.element_ty), mask=dm)

@@ -328,7 +328,6 @@ def decode_workspace(
     return DecodeWorkspace(
         partial_out=torch.empty((max_num_seqs, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=device),
         partial_lse=torch.empty((max_num_seqs, num_q_heads, num_splits), dtype=torch.float32, device=device),
-        arrivals=torch.zeros((max_num_seqs * num_q_heads,), dtype=torch.int32, device=device),
     )
 
 
@@ -338,26 +337,6 @@ def decode_splits(num_seqs: int, num_kv_heads: int, page_budget: int, workspace:
     pages, at most `tuning.max_splits` (and what the workspace holds)."""
     wanted = cdiv(tuning.waves * num_sms(device_idx), num_seqs * num_kv_heads)
     return max(1, min(workspace.max_splits, tuning.max_splits, wanted, cdiv(page_budget, tuning.pages_per_iter)))
-
-
-def decode_launch(num_seqs: int, num_kv_heads: int, group: int, page_budget: int, workspace: DecodeWorkspace,
-                  device_idx: int | None, tuning: _decode.DecodeTuning = _decode.DEFAULT_DECODE) -> tuple[int, bool]:
-    """(splits, fused): `decode_splits`, and whether the merge runs in the decode launch. Fused needs every
-    program of the grid (S * Hkv, splits + G) resident at once, since mergers wait for their pair's splits:
-    the grid must fit at one program per SM, so splits shrink to fit, and a batch too large for even one
-    split keeps the merge kernel. The interpreter runs programs in grid order (splits before mergers): no cap."""
-    splits = decode_splits(num_seqs, num_kv_heads, page_budget, workspace, device_idx, tuning)
-    if not tuning.fused_merge:
-        return splits, False
-    if device_idx is None:
-        return splits, True
-    return fused_fit(splits, num_sms(device_idx), num_seqs * num_kv_heads, group)
-
-
-def fused_fit(splits: int, sms: int, pairs: int, group: int) -> tuple[int, bool]:
-    """(splits, fused) for a fused decode + merge grid (pairs, splits + group) at one program per SM."""
-    room = sms // pairs - group
-    return (min(splits, room), True) if room >= 1 else (splits, False)
 
 
 def sparse_paged_decode(
@@ -396,18 +375,16 @@ def sparse_paged_decode(
           "rebuild it with decode_workspace(max_num_seqs, Hq, d, device)")
     page_budget = selected_pages.shape[2]
     group = num_q_heads // num_kv_heads
-    splits, fused = decode_launch(num_seqs, num_kv_heads, group, page_budget, ws, device_index(q), tuning)
-    _decode._sparse_decode_kernel[(num_seqs * num_kv_heads, splits + (group if fused else 0))](
-        q, k_cache, v_cache, block_table, seq_lens, selected_pages, ws.partial_out, ws.partial_lse, out, ws.arrivals,
+    splits = decode_splits(num_seqs, num_kv_heads, page_budget, ws, device_index(q), tuning)
+    _decode._sparse_decode_kernel[(num_seqs * num_kv_heads, splits)](
+        q, k_cache, v_cache, block_table, seq_lens, selected_pages, ws.partial_out, ws.partial_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0), out.stride(0), out.stride(1),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
         num_kv_heads, num_q_heads, page_budget, splits, ws.max_splits, scale,
         G=group, G_DOT=next_pow2(group), D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE,
-        PPI=tuning.pages_per_iter, FP32=dot_in_fp32(k_cache), FUSED=fused, MERGERS=group, SPLIT_PAD=next_pow2(splits),
-        EAGER=tuning.merge_eager, PDL=pdl, launch_pdl=pdl, num_warps=tuning.warps, num_stages=tuning.stages,
+        PPI=tuning.pages_per_iter, FP32=dot_in_fp32(k_cache), PDL=pdl, launch_pdl=pdl,
+        num_warps=tuning.warps, num_stages=tuning.stages,
     )
-    if fused:
-        return
     _decode._merge_kernel[(num_seqs * num_q_heads,)](
         ws.partial_out, ws.partial_lse, out, out.stride(0), out.stride(1), num_q_heads, splits, ws.max_splits,
         D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=next_pow2(splits), EAGER=tuning.merge_eager, PDL=pdl, launch_pdl=pdl,
