@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
-from ..kernels.config import PAGE_SIZE, ConfigError
+from ..kernels.config import AUTO_ONE_LAUNCH_MAX_PAGES, PAGE_SIZE, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,8 @@ register_arm(
 )
 # Kernel variants of `locks`: the same pages through other launches, to be timed beside it in one run.
 _LOCKS_VARIANTS = (
-    ("locks-one", "the one-launch selection kernels, pinned (select='one'; 'auto' runs them on tables up to 4096 pages)", {"select": "one"}),
+    ("locks-one", f"the one-launch selection kernels, pinned (select='one'; 'auto' runs them on tables up to "
+     f"{AUTO_ONE_LAUNCH_MAX_PAGES} pages)", {"select": "one"}),
     ("locks-four", "the four-launch selection kernels (select='four': the default before session 11)", {"select": "four"}),
     ("locks-three", "the three-launch selection (select='three': the last resolve program finalizes)", {"select": "three"}),
     ("locks-pdl", "programmatic dependent launch of its decode kernels (pdl=true)", {"pdl": True}),

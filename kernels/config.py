@@ -93,10 +93,13 @@ SELECT_PATHS: tuple[str, ...] = ("one", "four", "three", "row")
 # block-table width (its max_model_len / 16): the one-launch path's last program works alone through every
 # contested page, and in the 40-layer engine that serial tail loses to four parallel launches on long tables
 # (H200, session 11, bs1, GLM-4-9B geometry: one 6.82 ms vs four 7.06 at 32K, one 7.78 vs four 7.45 at
-# 128K; `bench-decode-glm4-40L-fa3-locks-async-h200-s11.md`). Between them the crossover was not measured;
-# the width below is the midpoint in pages on a log scale (64K tokens).
+# 128K; `bench-decode-glm4-40L-fa3-locks-async-h200-s11.md`). At 64K (4120 pages) four launches won too,
+# 7.09 against 7.26 ms (session 12, `...-s12.md`); interpolating the step-time differences linearly in pages
+# between 2072 (one ahead by 0.24 ms) and 4120 (four ahead by 0.17) puts the crossover near 3270 pages (~52K
+# tokens). Why the one-launch kernel loses on long tables: launched twice per layer, its second launch is
+# 7.5 µs faster at 128K and 1 µs at 32K (the first finds its caches cold: `score_sweep --select-repeats`).
 SELECT_CHOICES: tuple[str, ...] = ("auto",) + SELECT_PATHS
-AUTO_ONE_LAUNCH_MAX_PAGES = 4096
+AUTO_ONE_LAUNCH_MAX_PAGES = 3264
 
 
 def select_path_for(select: str, table_pages: int) -> str:

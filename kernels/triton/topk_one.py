@@ -1,7 +1,8 @@
 """Group combine + top-(k-2) page selection in ONE launch after the score kernel (`select_path="one"`;
 the backend's `select="auto"` runs it on block tables up to config.AUTO_ONE_LAUNCH_MAX_PAGES wide and
-topk.py's four launches on wider ones: in the 40-layer engine this path wins at 32K and loses at 128K,
-where its last program's serial tail costs more than three parallel launches; H200 session 11).
+topk.py's four launches on wider ones: in the 40-layer engine this path wins at 32K and loses at 64K and
+128K, where its last program's serial tail, started with cold caches, costs more than three parallel
+launches; H200 sessions 11-12).
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`;
 keys, histogram and tie rule are topk.py's (23-bit fixed-point log shares, ties to the lower page id).
