@@ -13,7 +13,6 @@ The pages attended are sink + recent + random others, sorted, as a selection wri
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from dataclasses import asdict
@@ -25,7 +24,7 @@ from ..kernels.reference.attention import paged_decode_reference
 from ..kernels.reference.packing import SummaryLayout
 from ..kernels.triton import ops
 from ..kernels.triton.decode import DEFAULT_DECODE, SESSION2_DECODE, DecodeTuning
-from .kernel_bench import _ContextState, _time_graph, resolve_geometry
+from .kernel_bench import _ContextState, _time_graph, add_sweep_arguments, pick_variants, resolve_geometry, sweep_contexts, variant_error
 from .provenance import collect, reproduce_command
 from .score_sweep import decoder_layer_rest, profile_graph
 from .workload import format_size, parse_size_list
@@ -33,7 +32,6 @@ from .workload import format_size, parse_size_list
 SCHEMA_DECODE_SWEEP = "locks.decode_sweep/1"
 BF16_TOLERANCE = 2e-2  # atol and rtol against the fp64 reference, as `checks.check_decode`
 
-log = logging.getLogger(__name__)
 
 VARIANTS = (
     # two 2-page iterations per program over 32 splits (128 programs at bs1, b=2048), Triton's 3 stages;
@@ -114,8 +112,7 @@ def sweep_cell(geom, state: _ContextState, batch: int, budget_tokens: int, repla
             if profile:
                 row["kernel_us"] = profile_graph(in_layer, replays, state.copies)
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
-            log.warning("variant %s failed: %s", tuning, exc)
-            row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
+            row.update(variant_error(tuning, exc))
         rows.append(row)
     return rows
 
@@ -142,41 +139,25 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Sweep the Locks sparse decode's launch shape.")
-    parser.add_argument("--preset", default="glm4-9b-1m")
-    parser.add_argument("--contexts", default="32k")
-    parser.add_argument("--batch", default="1")
-    parser.add_argument("--budget", type=int, default=2048)
-    parser.add_argument("--replays", type=int, default=10)
+    add_sweep_arguments(parser, contexts="32k", batch="1")
     parser.add_argument("--pick", default=None, help="time only these VARIANTS indices (comma-separated)")
     parser.add_argument("--profile", action="store_true", help="also each kernel's µs per call inside the layer chain")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        chosen = [VARIANTS[int(i)] for i in args.pick.split(",")] if args.pick else list(VARIANTS)
-    except (ValueError, IndexError):
-        print(f"error: --pick {args.pick!r} must be comma-separated indices below {len(VARIANTS)}", file=sys.stderr)
+        chosen = pick_variants(args.pick, VARIANTS)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("error: the decode sweep needs a CUDA GPU; run it on the H200 machine", file=sys.stderr)
         return 2
     geom = resolve_geometry(args.preset)
     layout = SummaryLayout(SummaryFormat.parse("r8i4"), geom.head_dim)  # _ContextState builds summaries; the decode ignores them
-    gen = torch.Generator().manual_seed(0)
-    batches = parse_size_list(args.batch)
-    provenance = collect(reproduce_command(), schema=SCHEMA_DECODE_SWEEP)
-    rows = []
-    for context in parse_size_list(args.contexts):
-        state = _ContextState(geom, layout, context, max(batches), gen)
-        for batch in batches:
-            cell = sweep_cell(geom, state, batch, args.budget, args.replays, chosen, args.profile, gen)
-            rows.extend(cell)
-            if args.out:
-                with open(args.out, "a") as f:
-                    for r in cell:
-                        f.write(json.dumps({**r, "provenance": provenance}) + "\n")
-        del state
-        torch.cuda.empty_cache()
+    gen = torch.Generator().manual_seed(1)  # the attended pages
+    rows = sweep_contexts(geom, layout, parse_size_list(args.contexts), parse_size_list(args.batch),
+                          collect(reproduce_command(), schema=SCHEMA_DECODE_SWEEP), args.out,
+                          lambda state, batch: sweep_cell(geom, state, batch, args.budget, args.replays, chosen, args.profile, gen))
     print(markdown(rows))
     return 0
 

@@ -14,6 +14,7 @@ no speedup is ever printed.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import statistics
@@ -184,6 +185,54 @@ class _ContextState:
         ops.build_summaries(self.k[0], ids, self.rows[0], layout)
         for rows in self.rows[1:]:
             rows.copy_(self.rows[0])
+
+
+def sweep_contexts(geom: KernelGeometry, layout: SummaryLayout, contexts, batches, provenance: dict, out: str | None,
+                   measure) -> list[dict]:
+    """The rows of measure(state, batch) over every (context, batch), for the sweeps: one `_ContextState` per
+    context (for the largest batch, freed before the next), each cell's rows appended to `out` (JSONL, with
+    `provenance`) as soon as they are measured, so a cut run keeps what it finished."""
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for context in contexts:
+        state = _ContextState(geom, layout, context, max(batches), gen)
+        for batch in batches:
+            cell = measure(state, batch)
+            rows.extend(cell)
+            if out:
+                with open(out, "a") as f:
+                    for r in cell:
+                        f.write(json.dumps({**r, "provenance": provenance}) + "\n")
+        del state
+        torch.cuda.empty_cache()
+    return rows
+
+
+def add_sweep_arguments(parser, contexts: str, batch: str) -> None:
+    """The options every kernel sweep takes: geometry preset, contexts, batches, token budget, graph replays
+    and the JSONL file to append records to."""
+    parser.add_argument("--preset", default="glm4-9b-1m")
+    parser.add_argument("--contexts", default=contexts)
+    parser.add_argument("--batch", default=batch)
+    parser.add_argument("--budget", type=int, default=2048)
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--out", default=None)
+
+
+def variant_error(variant, exc: Exception) -> dict:
+    """A sweep variant that failed to compile or run: logged, and reported in its row, never fatal."""
+    log.warning("variant %s failed: %s", variant, exc)
+    return {"status": "error", "reason": f"{type(exc).__name__}: {str(exc)[:200]}"}
+
+
+def pick_variants(pick: str | None, variants) -> list:
+    """The variants a sweep's `--pick` names (comma-separated indices; None: all); ValueError naming the range."""
+    if not pick:
+        return list(variants)
+    try:
+        return [variants[int(i)] for i in pick.split(",")]
+    except (ValueError, IndexError):
+        raise ValueError(f"--pick {pick!r} must be comma-separated indices below {len(variants)}") from None
 
 
 def _dense_baselines(geom, state, batch, q, scale, out) -> dict:

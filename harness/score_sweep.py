@@ -12,7 +12,6 @@ fp32 summation order, never the result). Prints a markdown table; --out appends 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from dataclasses import asdict
@@ -23,13 +22,12 @@ from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
 from ..kernels.reference.packing import SummaryLayout
 from ..kernels.triton import ops
 from ..kernels.triton.score_select import DEFAULT_TUNING, SCORER_KERNELS, TWO_TERM_DIET, ScoreTuning
-from .kernel_bench import _ContextState, _time_graph, capture_graph, resolve_geometry
+from .kernel_bench import _ContextState, _time_graph, add_sweep_arguments, capture_graph, pick_variants, resolve_geometry, sweep_contexts, variant_error
 from .provenance import collect, reproduce_command
 from .workload import format_size, parse_size_list
 
 SCHEMA_SCORE_SWEEP = "locks.score_sweep/1"
 
-log = logging.getLogger(__name__)
 
 VARIANTS = (
     # one warp per program over 4-page tiles, every program slot at bs1 (512 chunks), coefficients
@@ -254,8 +252,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                 if profile:
                     row["chain_kernel_us"] = profile_graph(chain_with_work, replays, state.copies)
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal
-            log.warning("variant %s failed: %s", tuning, exc)
-            row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
+            row.update(variant_error(tuning, exc))
         rows_out.append(row)
     return rows_out
 
@@ -338,12 +335,8 @@ def markdown(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Sweep the Locks score kernel's launch shape.")
-    parser.add_argument("--preset", default="glm4-9b-1m")
-    parser.add_argument("--contexts", default="32k,128k")
-    parser.add_argument("--batch", default="1,8")
-    parser.add_argument("--budget", type=int, default=2048)
+    add_sweep_arguments(parser, contexts="32k,128k", batch="1,8")
     parser.add_argument("--format", dest="summary_format", default="r8i4")
-    parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--variants", type=int, default=len(VARIANTS), help="time only the first N of VARIANTS")
     parser.add_argument("--pick", default=None, help="time only these VARIANTS indices (comma-separated; overrides --variants)")
     parser.add_argument("--profile", action="store_true", help="also each kernel's µs per call (torch.profiler over graph replays)")
@@ -356,13 +349,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--table-pages", type=int, default=0, help="block-table width (an engine's max_model_len / 16)")
     parser.add_argument("--select-repeats", type=int, default=1,
                         help="with --between-layers: launch the selection this many times per layer (cold vs warm caches)")
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     try:
-        chosen = [VARIANTS[int(i)] for i in args.pick.split(",")] if args.pick else list(VARIANTS[: args.variants])
-    except (ValueError, IndexError):
-        print(f"error: --pick {args.pick!r} must be comma-separated indices below {len(VARIANTS)}", file=sys.stderr)
+        chosen = pick_variants(args.pick, VARIANTS) if args.pick else list(VARIANTS[: args.variants])
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.select_repeats < 1:
         print(f"error: --select-repeats must be >= 1, got {args.select_repeats}", file=sys.stderr)
@@ -372,22 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     geom = resolve_geometry(args.preset)
     layout = SummaryLayout(SummaryFormat.parse(args.summary_format), geom.head_dim)
-    gen = torch.Generator().manual_seed(0)
-    batches = parse_size_list(args.batch)
-    rows = []
-    provenance = collect(reproduce_command(), schema=SCHEMA_SCORE_SWEEP)
-    for context in parse_size_list(args.contexts):
-        state = _ContextState(geom, layout, context, max(batches), gen)
-        for batch in batches:
-            cell = sweep_cell(geom, layout, state, batch, args.budget, args.replays, chosen, args.flat, args.table_pages, args.profile,
-                              args.query_scale, args.between_layers, args.select_repeats)
-            rows.extend(cell)
-            if args.out:
-                with open(args.out, "a") as f:
-                    for r in cell:
-                        f.write(json.dumps({**r, "provenance": provenance}) + "\n")
-        del state
-        torch.cuda.empty_cache()
+
+    def measure(state, batch):
+        return sweep_cell(geom, layout, state, batch, args.budget, args.replays, chosen, args.flat, args.table_pages, args.profile,
+                          args.query_scale, args.between_layers, args.select_repeats)
+
+    rows = sweep_contexts(geom, layout, parse_size_list(args.contexts), parse_size_list(args.batch),
+                          collect(reproduce_command(), schema=SCHEMA_SCORE_SWEEP), args.out, measure)
     print(markdown(rows))
     return 0
 
