@@ -10,9 +10,13 @@ Online softmax in fp32, P@V with p cast to the cache dtype (bf16), fp32 accumula
 Tokens >= seq_len (the partial last page) and -1 slots are masked. It writes (o / l, lse) per
 query head and split; `_merge_kernel`, grid (S * Hq,), combines the splits by log-sum-exp and
 writes out in q's dtype. Each iteration is three dependent memory round trips (slot -> block table -> K/V),
-which at bs1 cost more than the bytes: `DecodeTuning` sets how many iterations a program walks. (Merging in the decode kernel's last split to arrive, one launch fewer, was
-1.1-1.4 µs slower at bs1 on the H200: `score-sweep-h200-s5.md`.) The split count is fixed by the
-workspace and the batch shape, never by data, so one captured graph serves every context.
+which at bs1 cost more than the bytes: `DecodeTuning` sets how many iterations a program walks.
+The merge stays a launch of its own. Merging in the decode launch lost twice on the H200 at bs1:
+- in the last split to arrive: 1.1-1.4 µs slower (`score-sweep-h200-s5.md`);
+- in G merger programs per pair that wait on an arrival counter: 8.3 µs at best against 7.5 for both
+  launches (session 12, commit `1064240`, `bench-decode-glm4-40L-fa3-locks-async-h200-s12.md`).
+The split count is fixed by the workspace and the batch shape, never by data, so one captured graph serves
+every context.
 Bytes: k * B * d * 2 * elt (K+V, 1 MB per (seq, KV head) at b=2048, d=128, bf16)
 + partials 2 * Hq * splits * (d + 1) * 4 (written and re-read).
 """
