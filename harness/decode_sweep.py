@@ -5,7 +5,8 @@
 For each (context, batch) and tuning in VARIANTS it times the decode over the layer copies alone (CUDA graph,
 as `locks bench kernel` does), and again between the rest of a decoder layer (`score_sweep.decoder_layer_rest`),
 as the engine runs it after products that evict L2: `in_layer_us` = (that chain - the rest alone) per layer.
---profile adds each kernel's µs per call inside that chain. Every variant's output on layer 0 is checked
+That difference is noisy (the rest alone varied 137-148 µs between cells on the H200, session 12); --profile
+adds each kernel's µs per call inside that chain, which is what to compare. Every variant's output on layer 0 is checked
 against the fp64 reference first (bf16 tolerance); a variant that fails is reported, not timed.
 The pages attended are sink + recent + random others, sorted, as a selection writes them.
 """
@@ -66,6 +67,8 @@ def attended_pages(batch: int, num_kv_heads: int, pages: int, k_pages: int, gen:
 
 def sweep_cell(geom, state: _ContextState, batch: int, budget_tokens: int, replays: int, variants=VARIANTS,
                profile: bool = False, gen: torch.Generator | None = None) -> list[dict]:
+    """The rows of one (context, batch) cell: each tuning in `variants` checked against the fp64 reference on
+    layer 0, then timed alone and inside the decoder-layer chain (module docstring)."""
     k_pages = min(SelectionConfig(budget_tokens=budget_tokens).page_budget, state.pages)
     scale = geom.head_dim**-0.5
     dev = "cuda"
