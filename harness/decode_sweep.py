@@ -90,9 +90,13 @@ def sweep_cell(geom, state: _ContextState, batch: int, budget_tokens: int, repla
         ws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev, num_splits=tuning.max_splits)
         row = {"tuning": asdict(tuning), "context_tokens": state.seq_len - 1, "batch_size": batch, "page_budget": k_pages,
                "splits": ops.decode_splits(batch, geom.num_kv_heads, k_pages, ws, torch.cuda.current_device(), tuning)}
+
+        def decode(k, v, tuning=tuning, ws=ws):
+            ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, ws, tuning=tuning)
+
         try:
             out.fill_(float("nan"))
-            ops.sparse_paged_decode(q, state.k[0], state.v[0], bt, seq_lens, selected, scale, out, ws, tuning=tuning)
+            decode(state.k[0], state.v[0])
             err = (out.double() - reference).abs()
             row["max_error"] = float(err.nan_to_num(float("inf")).max())
             if not bool((err <= BF16_TOLERANCE + BF16_TOLERANCE * reference.abs()).all()):
@@ -100,13 +104,13 @@ def sweep_cell(geom, state: _ContextState, batch: int, budget_tokens: int, repla
                 rows.append(row)
                 continue
 
-            def alone(tuning=tuning, ws=ws):
+            def alone(decode=decode):
                 for k, v in zip(state.k, state.v):
-                    ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, ws, tuning=tuning)
+                    decode(k, v)
 
-            def in_layer(tuning=tuning, ws=ws):
+            def in_layer(decode=decode):
                 for k, v in zip(state.k, state.v):
-                    ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, ws, tuning=tuning)
+                    decode(k, v)
                     rest(out)
 
             timing = _time_graph(alone, replays, state.copies)
