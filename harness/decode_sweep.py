@@ -24,6 +24,7 @@ from ..kernels.config import SelectionConfig, SummaryFormat
 from ..kernels.reference.attention import paged_decode_reference
 from ..kernels.reference.packing import SummaryLayout
 from ..kernels.triton import ops
+from ..kernels.triton.checks import BF16_DECODE_TOLERANCE
 from ..kernels.triton.decode import DEFAULT_DECODE, SESSION2_DECODE, DecodeTuning
 from .kernel_bench import _ContextState, _time_graph, add_sweep_arguments, pick_variants, resolve_geometry, sweep_contexts, variant_error
 from .provenance import collect, reproduce_command
@@ -31,7 +32,6 @@ from .score_sweep import decoder_layer_rest, profile_graph
 from .workload import format_size, parse_size_list
 
 SCHEMA_DECODE_SWEEP = "locks.decode_sweep/1"
-BF16_TOLERANCE = 2e-2  # atol and rtol against the fp64 reference, as `checks.check_decode`
 
 
 VARIANTS = (
@@ -99,7 +99,7 @@ def sweep_cell(geom, state: _ContextState, batch: int, budget_tokens: int, repla
             decode(state.k[0], state.v[0])
             err = (out.double() - reference).abs()
             row["max_error"] = float(err.nan_to_num(float("inf")).max())
-            if not bool((err <= BF16_TOLERANCE + BF16_TOLERANCE * reference.abs()).all()):
+            if not bool((err <= BF16_DECODE_TOLERANCE + BF16_DECODE_TOLERANCE * reference.abs()).all()):
                 row.update(status="wrong", reason=f"max |out - ref| = {row['max_error']:.3g}")
                 rows.append(row)
                 continue
