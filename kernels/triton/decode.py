@@ -32,7 +32,6 @@ import triton.language as tl
 from ._common import enter_dependent, mm
 
 
-
 @dataclass(frozen=True)
 class DecodeTuning:
     """Launch shape of the sparse decode (the pages are the same under every tuning; fp32 order may differ).
