@@ -54,7 +54,10 @@ class DecodePlan:
     # (scheduler, metadata builders, graph launch): the protocol of sessions 1-4. On: what a default
     # deployment runs; the decode loop then reads each token one call late.
     async_scheduling: bool = False
-    max_model_len: int | None = None
+    max_model_len: int | None = None  # None: each context's engine gets that context + decode room
+    # From this context on, a cell pays one prefill: the clock ramp decodes on the measured requests and
+    # TTFT is that prefill alone (at 512K one prefill is ~3 min, at 1M ~11 min on an H200). None: never.
+    single_prefill_from: int | None = 262144
     gpu_memory_utilization: float = 0.85
     kv_cache_memory_bytes: int | None = None
     max_num_batched_tokens: int = 16384
@@ -114,13 +117,14 @@ class DecodePlan:
         if self.num_layers is not None and self.model not in preset_names():
             raise ConfigError("--layers applies to presets only; a local model dir keeps its own layer count")
         self._check_tensor_parallel()
-        limit = self.effective_max_model_len
+        if self.single_prefill_from is not None and self.single_prefill_from < 1:
+            raise ConfigError(f"single_prefill_from {self.single_prefill_from} must be a positive context (e.g. 256k) or null")
         for context in self.contexts:
-            if context + self.decode_tokens_per_request > limit:
+            limit, room = self.max_model_len_for(context), self.decode_tokens_for(context)
+            if context + room > limit:
                 raise ConfigError(
-                    f"context {format_size(context)} ({context}) + {self.decode_tokens_per_request} decode tokens "
-                    f"exceeds max_model_len {limit}; pass --max-model-len "
-                    f"{context + self.decode_tokens_per_request} or a shorter ladder"
+                    f"context {format_size(context)} ({context}) + {room} decode tokens "
+                    f"exceeds max_model_len {limit}; pass --max-model-len {context + room} or a shorter ladder"
                 )
 
     def _check_tensor_parallel(self) -> None:
@@ -147,6 +151,13 @@ class DecodePlan:
         timed = self.settle_steps + self.windows * (self.lead_steps + self.steps_per_window)
         return max(self.ramp_max_steps, timed) + 2
 
+    def decode_tokens_for(self, context: int) -> int:
+        """Tokens one request may generate at `context`: at a single-prefill context the clock ramp and the
+        timed windows run on the same requests."""
+        if not self.single_prefill(context):
+            return self.decode_tokens_per_request
+        return self.ramp_max_steps + self.settle_steps + self.windows * (self.lead_steps + self.steps_per_window) + 2
+
     @property
     def lead_steps(self) -> int:
         """Untimed steps at the start of each window. Under async scheduling the first step() after a
@@ -157,11 +168,21 @@ class DecodePlan:
 
     @property
     def effective_max_model_len(self) -> int:
-        """The given max_model_len, or the longest context plus decode room rounded up to a page."""
+        """The longest max_model_len of any engine of the plan (the model's config must allow it)."""
+        return max(self.max_model_len_for(context) for context in self.contexts)
+
+    def max_model_len_for(self, context: int) -> int:
+        """The given max_model_len, or `context` plus decode room rounded up to a page: each rung's engine is
+        sized for its own rung, so a cell measures the same engine whichever rungs share its command (the
+        block table's width picks Locks' selection path and sizes every arm's metadata)."""
         if self.max_model_len is not None:
             return self.max_model_len
-        need = max(self.contexts) + self.decode_tokens_per_request
+        need = context + self.decode_tokens_for(context)
         return -(-need // PAGE_SIZE) * PAGE_SIZE
+
+    def single_prefill(self, context: int) -> bool:
+        """Whether cells at `context` pay one prefill (no warm-up prefill, no TTFT repeats)."""
+        return self.single_prefill_from is not None and context >= self.single_prefill_from
 
     @property
     def sparse_knob_fields(self) -> dict:
@@ -182,7 +203,7 @@ def _coerce(name: str, value):
         if name == "batch_sizes":
             return tuple(int(item) for item in items)
         return tuple(str(item) for item in items)
-    if name in ("max_model_len", "kv_cache_memory_bytes", "max_num_batched_tokens") and isinstance(value, str):
+    if name in ("max_model_len", "kv_cache_memory_bytes", "max_num_batched_tokens", "single_prefill_from") and isinstance(value, str):
         return parse_size(value)
     default = _DEFAULTS.get(name)
     try:
@@ -192,7 +213,7 @@ def _coerce(name: str, value):
                 raise ValueError
         elif isinstance(default, float):
             return float(value)
-        elif isinstance(default, int) or name == "num_layers":
+        elif isinstance(default, int) or name in ("num_layers", "single_prefill_from"):
             if isinstance(value, float) and not value.is_integer():
                 raise ValueError
             return None if value is None else int(value)

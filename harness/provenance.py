@@ -88,8 +88,8 @@ def _build_info() -> dict[str, object]:
 def reproduce_command(argv: list[str] | None = None) -> str:
     """The command line that produced this run, shell-quoted (`locks bench decode ...`)."""
     argv = list(sys.argv if argv is None else argv)
-    if argv and Path(argv[0]).name in ("locks", "__main__.py"):
-        argv[0] = "locks"
+    if argv and (Path(argv[0]).name in ("locks", "__main__.py") or Path(argv[0]).parts[-2:] == ("locks_cli", "main.py")):
+        argv[0] = "locks"  # the console script, `python -m locks_toolkit.locks_cli.main` and a --target install
     return shlex.join(argv)
 
 

@@ -20,6 +20,7 @@ from . import nvml
 from . import provenance as prov
 from .arms import get_arm
 from .plan import DecodePlan
+from .run_state import RunBusy, RunStatus, StoreLock
 from .presets import ModelGeometry, build_config, materialize_model, preset_names, read_model_dir_config
 from .store import append_record, cell_key, finished_keys, read_records
 from .weights import weights_from_config
@@ -92,7 +93,7 @@ def cell_identity(plan: DecodePlan, arm: str, context: int, batch: int, budget: 
         "graph_mode": plan.graph_mode,
         "dummy_weights": dummy_weights,
         "dtype": plan.dtype,
-        "max_model_len": plan.effective_max_model_len,
+        "max_model_len": plan.max_model_len_for(context),
         "windows": plan.windows,
         "steps_per_window": plan.steps_per_window,
         "seed": plan.seed,
@@ -149,21 +150,69 @@ def preflight(plan: DecodePlan) -> None:
 
 
 def run_plan(plan: DecodePlan, command: str | None = None, on_event: Event | None = None) -> RunSummary:
-    """Measure every cell of `plan` not already stored; returns the records written and cells skipped."""
-    on_event = on_event or (lambda kind, payload: None)
+    """Measure every cell of `plan` not already stored; returns the records written and cells skipped.
+
+    The store is locked for the whole run (harness/run_state.py), so a second run on it refuses while
+    this one lives and resumes after it; `<store>.run/status.json` follows every event."""
     preflight(plan)
+    try:
+        lock = StoreLock(plan.output).acquire()
+    except RunBusy as exc:
+        raise HarnessError(str(exc), exc.hint) from None
+    try:
+        return _run_locked(plan, command, on_event or (lambda kind, payload: None))
+    finally:
+        lock.release()
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """What every engine job of one run shares: the model, its geometry and the run's provenance."""
+
+    model_dir: str
+    config: dict
+    dummy: bool
+    changes: dict
+    geometry: ModelGeometry
+    weights: dict
+    provenance: dict
+
+
+def _run_locked(plan: DecodePlan, command: str | None, on_event: Event) -> RunSummary:
     model_dir, config, dummy, changes = resolve_model(plan)
-    geometry = ModelGeometry.from_config(config, plan.dtype)
-    weights = weights_from_config(config, plan.dtype)
     provenance = prov.collect(command)
     if plan.tensor_parallel_size > 1:  # `gpu` is the first; a TP engine's guards watch all of them
         provenance["gpus"] = nvml.gpu_infos(nvml.engine_devices(plan.tensor_parallel_size))
+    setup = _Setup(model_dir, config, dummy, changes, ModelGeometry.from_config(config, plan.dtype),
+                   weights_from_config(config, plan.dtype), provenance)
     done = finished_keys(read_records(plan.output))
+    groups = plan_cells(plan)
+    status = RunStatus(plan.output, provenance["command"], [
+        {"context": g.context, "arm": g.arm, "budget": g.budget,
+         "batches": [b for b, c in g.cells.items() if cell_key(c) not in done]}
+        for g in groups if any(cell_key(c) not in done for c in g.cells.values())])
+    user_event = on_event
+
+    def on_event(kind: str, payload: dict) -> None:
+        status.on_event(kind, payload)
+        user_event(kind, payload)
+
+    try:
+        summary = _run_groups(plan, setup, groups, done, on_event)
+    except BaseException as exc:
+        status.finish("failed" if isinstance(exc, Exception) else "interrupted", f"{type(exc).__name__}: {exc}")
+        raise
+    status.finish("finished")
+    return summary
+
+
+def _run_groups(plan: DecodePlan, setup: _Setup, groups: list[CellGroup], done: set[str], on_event: Event) -> RunSummary:
     summary = RunSummary()
+    provenance, geometry, weights = setup.provenance, setup.geometry, setup.weights
     plan_knobs = asdict(plan)
     plan_knobs["effective_max_model_len"] = plan.effective_max_model_len
-    model_info = {"dir": model_dir, "dummy_weights": dummy, "config_changes": changes, "geometry": asdict(geometry),
-                  "weights_config": weights}
+    model_info = {"dir": setup.model_dir, "dummy_weights": setup.dummy, "config_changes": setup.changes,
+                  "geometry": asdict(geometry), "weights_config": weights}
 
     def write(cell: dict, status: str, reason: str, engine: dict | None, measurement: dict) -> None:
         """Envelope of docs/architecture.md around one cell's measurements; appended at once."""
@@ -184,7 +233,7 @@ def run_plan(plan: DecodePlan, command: str | None = None, on_event: Event | Non
         summary.written.append(record)
         on_event("record", record)
 
-    for group in plan_cells(plan):
+    for group in groups:
         todo = {b: c for b, c in group.cells.items() if cell_key(c) not in done}
         for b, c in group.cells.items():
             if b not in todo:
@@ -192,15 +241,16 @@ def run_plan(plan: DecodePlan, command: str | None = None, on_event: Event | Non
                 on_event("skipped", c)
         if not todo:
             continue
-        job = EngineJob(plan, group.arm, group.context, group.budget, tuple(todo), model_dir, dummy, geometry,
-                        int(config.get("vocab_size", 32000)),
+        job = EngineJob(plan, group.arm, group.context, group.budget, tuple(todo), setup.model_dir, setup.dummy,
+                        geometry, int(setup.config.get("vocab_size", 32000)),
                         measure_ttft=min(todo) == min(plan.batch_sizes), weights=weights)
         on_event("job", {"arm": group.arm, "context": group.context, "budget": group.budget, "batches": list(todo)})
-        _run_job(job, todo, write)
+        _run_job(job, todo, write, lambda message: on_event("phase", {"arm": group.arm, "context": group.context,
+                                                                        "budget": group.budget, **message}))
     return summary
 
 
-def _run_job(job: EngineJob, cells: dict[int, dict], write) -> None:
+def _run_job(job: EngineJob, cells: dict[int, dict], write, on_phase=lambda message: None) -> None:
     """Run one engine job (in a spawned process unless isolation is inline) and write its records."""
     pending = dict(cells)
     engine: dict | None = None
@@ -209,7 +259,9 @@ def _run_job(job: EngineJob, cells: dict[int, dict], write) -> None:
         """Returns True when the job is over."""
         nonlocal engine
         kind = message["type"]
-        if kind == "engine":
+        if kind == "phase":
+            on_phase(message)
+        elif kind == "engine":
             engine = message["info"]
         elif kind == "cell":
             batch = message.pop("batch")

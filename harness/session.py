@@ -52,7 +52,7 @@ class EngineSession:
     """A vLLM `LLM` built from a plan for one (arm, context[, budget]); steps it and times each step."""
 
     def __init__(self, plan: DecodePlan, arm_name: str, model_dir: str, dummy_weights: bool,
-                 knobs: SparseKnobs | None, vocab_size: int):
+                 knobs: SparseKnobs | None, vocab_size: int, max_model_len: int | None = None):
         from vllm import LLM, SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -60,6 +60,7 @@ class EngineSession:
         self.plan = plan
         self.vocab_size = vocab_size
         self._counter = 0
+        self.max_model_len = max_model_len or plan.effective_max_model_len
         compilation_config, enforce_eager = GRAPH_MODES[plan.graph_mode]
         kwargs = dict(
             model=model_dir,
@@ -67,7 +68,7 @@ class EngineSession:
             skip_tokenizer_init=True,
             dtype=plan.dtype,
             seed=plan.seed,
-            max_model_len=plan.effective_max_model_len,
+            max_model_len=self.max_model_len,
             max_num_seqs=max(plan.batch_sizes),
             max_num_batched_tokens=max(plan.max_num_batched_tokens, max(plan.batch_sizes)),
             enable_prefix_caching=False,  # a cached prefix would benchmark the cache, not attention
@@ -91,7 +92,7 @@ class EngineSession:
         self.engine = self.llm.llm_engine
         _check_scheduling(plan.async_scheduling, self.engine.vllm_config, self.close)
         self.sampling = SamplingParams(
-            max_tokens=plan.effective_max_model_len,  # never reached: requests are aborted
+            max_tokens=self.max_model_len,  # never reached: requests are aborted
             ignore_eos=True,
             temperature=0.0,
             detokenize=False,
@@ -113,7 +114,7 @@ class EngineSession:
         return self.engine.vllm_config.cache_config.block_size
 
     def blocks_needed(self, batch: int, context: int) -> int:
-        per_request = -(-(context + self.plan.decode_tokens_per_request) // self.block_size)
+        per_request = -(-(context + self.plan.decode_tokens_for(context)) // self.block_size)
         return batch * per_request
 
     def _on_every_rank(self, func, *args) -> list | None:

@@ -8,9 +8,13 @@ messages into records, so a crash in here loses no finished cell.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import signal
 import statistics
+import sys
+import time
 import traceback
 from dataclasses import asdict, dataclass
 
@@ -100,16 +104,39 @@ def _fatal(stage: str, exc: BaseException) -> dict:
 
 def child_main(job: EngineJob, queue) -> None:
     """Entry point of the spawned engine process."""
+    _die_with_parent()
     os.environ.update(job_environment(job))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_job(job, queue.put)
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel kills this engine process when the harness that spawned it dies (a killed or
+    stopped run must not leave an engine holding the GPU's memory for the run that resumes it)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError as exc:
+        log.warning("could not tie the engine process to its parent: %s", exc)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def phase_message(phase: str, **detail) -> dict:
+    """A live-progress message (no record): what the engine job is doing now."""
+    return {"type": "phase", "phase": phase, "time": time.time(), **detail}
+
+
 def run_job(job: EngineJob, emit) -> None:
     from .session import EngineSession
 
+    emit(phase_message("boot"))
     try:
-        session = EngineSession(job.plan, job.arm, job.model_dir, job.dummy_weights, job.knobs, job.vocab_size)
+        session = EngineSession(job.plan, job.arm, job.model_dir, job.dummy_weights, job.knobs, job.vocab_size,
+                                max_model_len=job.plan.max_model_len_for(job.context))
     except Exception as exc:  # noqa: BLE001 - any boot failure becomes a recorded status
         emit(_fatal("engine boot failed", exc))
         return
@@ -145,8 +172,9 @@ def _run_session(session, job: EngineJob, emit) -> None:
         "weights": weights,
         "weights_config": job.weights,
     }
+    single = job.plan.single_prefill(job.context)
     try:
-        info["warmup"] = _warm_up(session, job)
+        info["warmup"] = _SINGLE_PREFILL_WARMUP if single else _warm_up(session, job, emit)
     except Exception as exc:  # noqa: BLE001
         emit(_fatal("warm-up failed", exc))
         return
@@ -166,7 +194,7 @@ def _run_session(session, job: EngineJob, emit) -> None:
             continue
         try:
             result = measure_cell(session, job, batch, sm_max, with_ttft=job.measure_ttft and index == 0,
-                                  weights=weights)
+                                  weights=weights, ramp=single and index == 0, emit=emit)
         except EngineStall as exc:
             frontier = batch
             emit({"type": "cell", "batch": batch, "status": "oom", "reason": f"KV pressure: {exc}"})
@@ -196,10 +224,23 @@ def _slowest_clock(devices: list[int | str] | None) -> float | None:
     return min(clocks) if clocks else None
 
 
-def _warm_up(session, job: EngineJob) -> dict:
+_SINGLE_PREFILL_WARMUP = {"mode": "single prefill: no warm-up prefill; the clock ramp decodes on the first cell's "
+                                   "measured requests (its record's `ramp`)"}
+
+
+def _warm_up(session, job: EngineJob, emit) -> dict:
     """One full prefill, then decode until the SM clock is stable (NVML) or the ramp limits are hit."""
-    plan = job.plan
+    emit(phase_message("warm-up prefill", batch=job.batch_sizes[0]))
     pre = session.prefill(job.batch_sizes[0], job.context, "warm")
+    emit(phase_message("clock ramp"))
+    ramp = _ramp(session, job, pre.request_ids)
+    session.abort(pre.request_ids)
+    return {"prefill_ms": pre.ttft_ms, **ramp}
+
+
+def _ramp(session, job: EngineJob, request_ids: list[str]) -> dict:
+    """Decode until the SM clock is stable (NVML) or the ramp limits are hit."""
+    plan = job.plan
     clocks: list[float | None] = []
     devices = _devices(job)
 
@@ -213,26 +254,37 @@ def _warm_up(session, job: EngineJob) -> dict:
         stable = len(recent) == _CLOCK_WINDOW and max(recent) - min(recent) <= plan.ramp_clock_tolerance * max(recent)
         return stable
 
-    ramp = session.decode(pre.request_ids, plan.ramp_max_steps, on_step=ramp_done)
-    session.abort(pre.request_ids)
-    return {"prefill_ms": pre.ttft_ms, "ramp_steps": len(ramp.step_ms), "ramp_step_ms": ramp.step_ms,
-            "ramp_sm_mhz": clocks}
+    ramp = session.decode(request_ids, plan.ramp_max_steps, on_step=ramp_done)
+    return {"ramp_steps": len(ramp.step_ms), "ramp_step_ms": ramp.step_ms, "ramp_sm_mhz": clocks}
 
 
-def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: bool, weights: dict | None = None) -> dict:
-    """Prefill, settle, timed windows with guards, abort; optionally the TTFT repeats.
+def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: bool, weights: dict | None = None,
+                 ramp: bool = False, emit=None) -> dict:
+    """Prefill, [clock ramp,] settle, timed windows with guards, abort; optionally the TTFT repeats.
+
+    ramp: the engine had no warm-up (single-prefill context), so the clock ramp decodes on this cell's
+    requests before the settle steps. At a single-prefill context TTFT is this cell's own prefill.
 
     sm_max: the max SM clock of each engine GPU, keyed like `ThrottleSampler.by_device`. Counters are
     summed over TP ranks and every GPU is sampled: a window is clean only if every GPU was.
     Returns the status, reason and measurement fields of a record (names of reports/schemas.py).
     """
     plan, arm = job.plan, get_arm(job.arm)
+    emit = emit or (lambda message: None)
+    emit(phase_message("prefill", batch=batch))
+    before_prefill = session.read_counters()
     pre = session.prefill(batch, job.context, "measure")
+    prefill_counters = _delta(before_prefill, session.read_counters())
+    ramp_log = None
+    if ramp:
+        emit(phase_message("clock ramp", batch=batch))
+        ramp_log = _ramp(session, job, pre.request_ids)
     settle = session.decode(pre.request_ids, plan.settle_steps) if plan.settle_steps else None
     windows, verdicts, deployed = [], [], []
     devices = _devices(job)
     counters_start = session.read_counters()
-    for _ in range(plan.windows):
+    for window in range(plan.windows):
+        emit(phase_message("window", batch=batch, index=window + 1, of=plan.windows))
         before = session.read_counters()
         with nvml.ThrottleSampler(devices=devices) as sampler:
             log_ = session.decode(pre.request_ids, plan.lead_steps + plan.steps_per_window).after(plan.lead_steps)
@@ -260,7 +312,9 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
         "tpot_all_windows_ms": step_stats([ms for w in windows for ms in w["step_ms"]], batch),
         "throughput_tok_s": tpot.get("tokens_per_s"),
         "windows": windows,
-        "prefill": {"ttft_ms": pre.ttft_ms, "step_ms": pre.step_ms, "batch_size": batch},
+        "prefill": {"ttft_ms": pre.ttft_ms, "step_ms": pre.step_ms, "batch_size": batch, "counters": prefill_counters},
+        "prefills": _prefill_plan(job, with_ttft),
+        "ramp": ramp_log,
         "settle_ms": settle.step_ms if settle else [],
         "bytes_per_step": traffic,
         "floor_ms": traffic["floor_ms"],
@@ -282,10 +336,46 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
         "build_ms": None,
         "build_method": None,
     }
-    if with_ttft:
-        result["ttft_ms"] = measure_ttft(session, job)
+    if with_ttft and plan.single_prefill(job.context):
+        result["ttft_ms"] = single_prefill_ttft(pre, batch, prefill_counters)
+        result["build_method"] = ("not estimated: a single-prefill context has no steady repeats; the prefill's "
+                                  "backend counters are in ttft_ms.build_counters" if job.budget is not None
+                                  else "dense arm: no summaries to build")
+    elif with_ttft:
+        result["ttft_ms"] = measure_ttft(session, job, emit)
         result["build_ms"], result["build_method"] = build_estimate(result["ttft_ms"], sparse=job.budget is not None)
     return result
+
+
+def _prefill_plan(job: EngineJob, with_ttft: bool) -> dict:
+    """How many prefills the engine paid for this cell, and why (the record says which protocol ran)."""
+    plan = job.plan
+    if plan.single_prefill(job.context):
+        return {"mode": "single", "count": 1, "from_context": plan.single_prefill_from,
+                "why": f"context >= single_prefill_from ({plan.single_prefill_from}): no warm-up prefill, the clock "
+                       "ramp decodes on the measured requests, TTFT is this prefill (it includes one-time work)"}
+    repeats = 1 + plan.ttft_repeats if with_ttft else 0
+    return {"mode": "full", "count": 1 + repeats, "from_context": plan.single_prefill_from,
+            "why": "measured prefill" + (f" + first-after-decode and {plan.ttft_repeats} steady TTFT prefills"
+                                         if with_ttft else "") + " (the engine's warm-up prefill is not counted)"}
+
+
+def single_prefill_ttft(pre, batch: int, counters: dict | None) -> dict:
+    """TTFT at a single-prefill context: the measured prefill, the engine's first (so not steady)."""
+    return {
+        "batch_size": batch,
+        "method": "single",
+        "first_of_engine": pre.ttft_ms,
+        "first_after_decode": None,
+        "steady": [],
+        "steady_mean": None,
+        "steady_sd": None,
+        "steady_median": None,
+        "n": 0,
+        "first_minus_steady_ms": None,
+        "build_counters": counters,
+        "build_counters_each": [counters] if counters is not None else [],
+    }
 
 
 def build_estimate(ttft: dict, sparse: bool) -> tuple[float | None, str]:
@@ -334,24 +424,30 @@ def _window_record(log_, sampler, lockstep, throttle, dep, verdict) -> dict:
     }
 
 
-def measure_ttft(session, job: EngineJob) -> dict:
+def measure_ttft(session, job: EngineJob, emit=None) -> dict:
     """First prefill after decode (carries one-time work of a lazy backend) and steady repeats (batch 1).
 
-    The backend counters (sparse arms) are read around the last steady prefill only: their delta is
-    the summary work one prefill does (summaries built, eager build calls, their CUDA-event time).
+    The backend counters (sparse arms) are read around every steady prefill: each delta is the summary
+    work one prefill does (summaries built, eager build calls, their CUDA-event time); `build_counters`
+    is the last one's.
     """
+    emit = emit or (lambda message: None)
+    emit(phase_message("ttft", index=0, of=job.plan.ttft_repeats))
     first = session.prefill(1, job.context, "ttft-first")
     session.abort(first.request_ids)
-    steady, build_counters = [], None
+    steady, each = [], []
     for index in range(job.plan.ttft_repeats):
-        last = index == job.plan.ttft_repeats - 1
-        before = session.read_counters() if last else None
+        emit(phase_message("ttft", index=index + 1, of=job.plan.ttft_repeats))
+        before = session.read_counters()
         again = session.prefill(1, job.context, "ttft")
-        if before is not None:  # read before abort: aborting steps the engine
-            build_counters = _delta(before, session.read_counters())
+        delta = _delta(before, session.read_counters())  # read before abort: aborting steps the engine
+        if delta is not None:
+            each.append(delta)
         session.abort(again.request_ids)
         steady.append(again.ttft_ms)
+    build_counters = each[-1] if each else None
     return {
+        "method": "repeats",
         "batch_size": 1,
         "first_after_decode": first.ttft_ms,
         "steady": steady,
@@ -361,6 +457,7 @@ def measure_ttft(session, job: EngineJob) -> dict:
         "n": len(steady),
         "first_minus_steady_ms": first.ttft_ms - statistics.fmean(steady),
         "build_counters": build_counters,
+        "build_counters_each": each,
     }
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -65,6 +68,11 @@ def decode(
     out: Optional[Path] = typer.Option(None, "--out", help="JSONL result file (appended; reruns resume)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the cells (and which are already stored); run nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print this run's records as a JSON array instead of markdown."),
+    single_prefill_from: Optional[str] = typer.Option(
+        None, "--single-prefill-from", help="From this context on a cell pays one prefill (no warm-up prefill, TTFT = "
+        "that prefill, no steady repeats); plan default 256k."),
+    detach: bool = typer.Option(False, "--detach", help="Run in the background, in its own session (survives the "
+                                "shell); follow it with `locks bench status OUT`, stop it with `locks bench stop OUT`."),
 ) -> None:
     """Matched-pair decode ladder: TPOT, TTFT, bytes/step with lockstep, throttle and deployed-path guards."""
     from ..harness.plan import load_plan
@@ -77,7 +85,7 @@ def decode(
         "gpu_memory_utilization": gpu_memory_utilization,
         "summary_format": summary_format, "seed": seed, "require_nvml": require_nvml, "isolation": isolation,
         "peer_config": peer_config, "output": str(out) if out is not None else None,
-        "tensor_parallel_size": tensor_parallel_size,
+        "tensor_parallel_size": tensor_parallel_size, "single_prefill_from": single_prefill_from,
     }
     try:
         plan = load_plan(plan_file, overrides)
@@ -86,7 +94,25 @@ def decode(
     if dry_run:
         _dry_run(plan, as_json)
         return
+    if detach:
+        _launch_detached(plan)
+        return
     _run(plan, as_json)
+
+
+def _launch_detached(plan) -> None:
+    from ..harness.detach import DetachError, launch
+    from ..harness.provenance import reproduce_command
+    from ..harness.runner import HarnessError, preflight
+
+    try:
+        preflight(plan)  # a setup error shows here, not in a log nobody reads
+        command = reproduce_command([arg for arg in sys.argv if arg != "--detach"])
+        pid, folder = launch(plan, command)
+    except (HarnessError, DetachError) as exc:
+        raise fail(str(exc), exc.hint) from None
+    _stderr.print(f"detached run pid {pid}: state and logs in {folder}/")
+    typer.echo(f"locks bench status {plan.output}")
 
 
 def _dry_run(plan, as_json: bool) -> None:
@@ -105,6 +131,7 @@ def _dry_run(plan, as_json: bool) -> None:
 
 
 def _run(plan, as_json: bool) -> None:
+    from ..harness.detach import COMMAND_ENV, DETACHED_ENV
     from ..harness.runner import HarnessError, preflight, run_plan
     from ..harness.provenance import reproduce_command
     from ..harness.store import cell_key, read_records
@@ -117,7 +144,10 @@ def _run(plan, as_json: bool) -> None:
         raise fail(str(exc), exc.hint) from None
     finished: list[dict] = []
     skipped: list[dict] = []
-    with Live(_finished_table(finished), console=_stderr, refresh_per_second=2, transient=False) as live:
+    command = os.environ.get(COMMAND_ENV) or reproduce_command()
+    detached = os.environ.get(DETACHED_ENV) == "1"  # no terminal: plain log lines, `locks bench status` shows the rest
+    with Live(_finished_table(finished), console=_stderr, refresh_per_second=2, transient=False,
+              auto_refresh=not detached) as live:
 
         def on_event(kind: str, payload: dict) -> None:
             if kind == "record":
@@ -131,7 +161,7 @@ def _run(plan, as_json: bool) -> None:
                                    f"batches {payload['batches']}")
 
         try:
-            run_plan(plan, command=reproduce_command(), on_event=on_event)
+            run_plan(plan, command=command, on_event=on_event)
         except HarnessError as exc:
             raise fail(str(exc), exc.hint) from None
         except ConfigError as exc:
@@ -149,6 +179,87 @@ def _run(plan, as_json: bool) -> None:
         _stderr.print(f"[bold red]error:[/] {len(errors)} cell(s) failed; first: {errors[0].get('reason')}")
         _stderr.print("[yellow]hint:[/] rerun the same command to retry them (finished cells are kept)")
         raise typer.Exit(1)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _phase_text(current: dict, now: float) -> str:
+    budget = "" if current.get("budget") is None else f", budget {current['budget']}"
+    detail = current.get("phase_detail") or {}
+    where = []
+    if "batch" in detail:
+        where.append(f"batch {detail['batch']}")
+    if "index" in detail and "of" in detail:
+        where.append(f"{detail['index']} of {detail['of']}")
+    phase = current.get("phase", "?") + (f" ({', '.join(where)})" if where else "")
+    return (f"{current['arm']} @ {current['context']} tokens{budget}: {phase}, "
+            f"for {_duration(now - current.get('phase_since', now))}")
+
+
+@app.command("status")
+def status(
+    run: Path = typer.Argument(..., help="The run's store (the --out of `locks bench decode`) or its .run folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON (with `alive` and the store's records)."),
+) -> None:
+    """Where a decode run stands: alive or not, cells done of the total, the live phase, time left, finished cells."""
+    from ..harness.run_state import read_status, run_dir, store_of
+    from ..harness.store import cell_key, read_records
+
+    state = read_status(run)
+    if state is None:
+        raise fail(f"no run state at {run_dir(run)}", "pass the --out store of a `locks bench decode` run "
+                   "(its state folder is <store>.run/)")
+    store = store_of(run)
+    wanted = {(g["context"], g["arm"], g["budget"]) for g in state.get("groups", [])}
+    records = [r for r in read_records(store)
+               if (r.get("cell", {}).get("context_tokens"), r.get("cell", {}).get("arm"),
+                   r.get("cell", {}).get("budget_tokens")) in wanted]
+    newest = {cell_key(r["cell"]): r for r in records}
+    if as_json:
+        typer.echo(json.dumps({**state, "records": list(newest.values())}, default=str))
+        return
+    now = time.time()
+    alive = "running" if state["alive"] else state["state"]
+    typer.echo(f"run     {store}  (pid {state['pid']}, {alive})")
+    typer.echo(f"command {state.get('command')}")
+    typer.echo(f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(state['started']))}, "
+               f"elapsed {_duration(state['updated'] - state['started'] if not state['alive'] else now - state['started'])}, "
+               f"last update {_duration(now - state['updated'])} ago")
+    statuses = ", ".join(f"{n} {name}" for name, n in sorted(state.get("statuses", {}).items()))
+    resumed = f"; {state['cells_resumed']} already stored, skipped" if state.get("cells_resumed") else ""
+    typer.echo(f"cells   {state['cells_done']} of {state['cells_total']} done" + (f" ({statuses})" if statuses else "")
+               + resumed)
+    if state.get("current") and state["alive"]:
+        typer.echo(f"now     {_phase_text(state['current'], now)}")
+        eta = state.get("eta_s")
+        if eta is not None:
+            eta = max(eta - (now - state["updated"]), 0.0)
+        typer.echo(f"left    {'~' + _duration(eta) if eta is not None else 'unknown until the first engine job ends'}"
+                   " (estimated from this run's own boots and prefills)")
+    elif not state["alive"] and state["state"] == "stopped":
+        where = _phase_text(state["current"], state["updated"]) if state.get("current") else "between cells"
+        typer.echo(f"stopped no process holds the store; it was at: {where}. Rerun the same command to resume.")
+    if state.get("error"):
+        typer.echo(f"error   {state['error']}")
+    typer.echo(f"log     {run_dir(run) / 'log.txt'}")
+    _stderr.print(_finished_table(list(newest.values())))
+
+
+@app.command("stop")
+def stop(
+    run: Path = typer.Argument(..., help="The run's store (the --out of `locks bench decode`) or its .run folder."),
+    grace: float = typer.Option(10.0, help="Seconds between SIGTERM and SIGKILL."),
+) -> None:
+    """Stop a decode run (detached or not): finished cells stay in the store; the same command resumes."""
+    from ..harness.run_state import stop_run
+
+    typer.echo(stop_run(run, grace_s=grace))
 
 
 @app.command("tp-check")

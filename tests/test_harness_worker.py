@@ -32,7 +32,7 @@ class ScriptedSession:
     ttft_script: list[float] | None = None  # TTFTs of the "ttft-first" then "ttft" prefills, in order
     first_step_ms: float | None = None  # the first step of every decode() call (async: collects a finished step)
 
-    def __init__(self, plan, arm, model_dir, dummy, knobs, vocab_size):
+    def __init__(self, plan, arm, model_dir, dummy, knobs, vocab_size, max_model_len=None):
         if self.boot_error is not None:
             raise self.boot_error
         self.plan, self.boot_s, self.block_size, self.engine_kwargs = plan, 0.01, 16, {"model": model_dir}
@@ -40,6 +40,8 @@ class ScriptedSession:
         self.steps = 0
         self.live: list[str] = []
         self.ttfts = list(self.ttft_script or [])
+        self.prefills: list[tuple[str, int]] = []  # (tag, batch) of every prefill, in order
+        ScriptedSession.last = self
 
     def model_weights(self, tied_embeddings):
         return None  # as when the engine's model is out of reach: the worker falls back to the config count
@@ -54,12 +56,13 @@ class ScriptedSession:
         return ARMS[self.arm].read_counters()
 
     def blocks_needed(self, batch, context):
-        return batch * -(-(context + self.plan.decode_tokens_per_request) // self.block_size)
+        return batch * -(-(context + self.plan.decode_tokens_for(context)) // self.block_size)
 
     def prefill(self, batch, context, tag):
         if tag == "measure" and self.measure_error is not None:
             raise self.measure_error
         self.live = [f"{tag}-{i}" for i in range(batch)]
+        self.prefills.append((tag, batch))
         COUNTS["summaries_built"] += batch * (context // 16)  # as our backend: every prefill builds its pages
         if tag.startswith("ttft") and self.ttfts:
             ttft = self.ttfts.pop(0)
@@ -103,8 +106,8 @@ def scripted(monkeypatch):
     return ScriptedSession
 
 
-def _job(arm, batches, budget=None, context=4096, async_scheduling=False):
-    plan = load_plan(None, {"model": "glm-4-9b-chat-1m", "arms": "fa3" if async_scheduling else "cpu", "contexts": context,
+def _job(arm, batches, budget=None, context=4096, async_scheduling=False, single_prefill_from=None):
+    plan = load_plan(None, {"single_prefill_from": single_prefill_from,"model": "glm-4-9b-chat-1m", "arms": "fa3" if async_scheduling else "cpu", "contexts": context,
                             "batch_sizes": batches, "windows": 3, "steps_per_window": 8, "ramp_min_steps": 2,
                             "ramp_max_steps": 4, "ttft_repeats": 3, "async_scheduling": async_scheduling})
     config = load_preset_config("glm-4-9b-chat-1m")
@@ -112,10 +115,13 @@ def _job(arm, batches, budget=None, context=4096, async_scheduling=False):
                      151552, True, weights=weights_from_config(config))
 
 
-def _run(job):
+def _run(job, phases=None):
+    """The job's messages without its live-progress ones (collected into `phases` when given)."""
     messages = []
     run_job(job, messages.append)
-    return messages
+    if phases is not None:
+        phases.extend(m for m in messages if m["type"] == "phase")
+    return [m for m in messages if m["type"] != "phase"]
 
 
 def test_dense_cells_and_the_oom_frontier(scripted, monkeypatch):
@@ -252,3 +258,36 @@ def test_a_silent_engine_process_is_killed_and_its_cells_become_errors():
                     lambda cell, status, reason, engine, measurement: written.append((cell, status, reason)))
     assert [(cell["batch_size"], status) for cell, status, _ in written] == [(1, "error"), (2, "error")]
     assert "(hung?) and was killed" in written[0][2] and written[0][2] == written[1][2]
+
+
+def test_a_long_context_cell_pays_one_prefill_and_says_so(scripted):
+    """At a single-prefill context the engine has no warm-up prefill and no TTFT repeats: the clock ramp
+    decodes on the first cell's measured requests, and TTFT is that prefill (the engine's first)."""
+    phases = []
+    job = _job("fake-locks", [1, 2], budget=2048, context=8192, single_prefill_from=8192)
+    engine, one, two, done = _run(job, phases)
+    assert ScriptedSession.last.prefills == [("measure", 1), ("measure", 2)]  # nothing else was prefilled
+    assert engine["info"]["warmup"]["mode"].startswith("single prefill")
+    assert one["prefills"]["mode"] == "single" and one["prefills"]["count"] == 1
+    assert one["ramp"]["ramp_steps"] == job.plan.ramp_min_steps and two["ramp"] is None
+    assert one["ttft_ms"]["method"] == "single" and one["ttft_ms"]["first_of_engine"] == 10.0
+    assert one["ttft_ms"]["n"] == 0 and one["ttft_ms"]["steady_mean"] is None and two["ttft_ms"] is None
+    assert one["ttft_ms"]["build_counters"]["summaries_built"] == 8192 // 16  # that prefill's own summary work
+    assert one["build_ms"] is None and one["build_method"].startswith("not estimated: a single-prefill context")
+    # the same requests carry the ramp and the windows: the engine is sized for both
+    assert job.plan.decode_tokens_for(8192) == 4 + 2 + 3 * 8 + 2 > job.plan.decode_tokens_per_request
+    assert job.plan.max_model_len_for(8192) == 8192 + 32
+    assert [(p["phase"], p.get("batch"), p.get("index")) for p in phases] == [
+        ("boot", None, None), ("prefill", 1, None), ("clock ramp", 1, None),
+        ("window", 1, 1), ("window", 1, 2), ("window", 1, 3),
+        ("prefill", 2, None), ("window", 2, 1), ("window", 2, 2), ("window", 2, 3)]
+
+
+def test_below_the_single_prefill_context_the_full_protocol_runs(scripted):
+    phases = []
+    (engine, cell, done) = _run(_job("fake-locks", [1], budget=2048, context=4096, single_prefill_from=8192), phases)
+    assert ScriptedSession.last.prefills == [("warm", 1), ("measure", 1), ("ttft-first", 1)] + [("ttft", 1)] * 3
+    assert cell["prefills"] == {"mode": "full", "count": 5, "from_context": 8192, "why": cell["prefills"]["why"]}
+    assert cell["ttft_ms"]["method"] == "repeats" and len(cell["ttft_ms"]["build_counters_each"]) == 3
+    assert [p["phase"] for p in phases][:3] == ["boot", "warm-up prefill", "clock ramp"]
+    assert [p.get("index") for p in phases if p["phase"] == "ttft"] == [0, 1, 2, 3]
