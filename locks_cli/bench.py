@@ -138,9 +138,13 @@ def _run(plan, as_json: bool) -> None:
     from ..kernels.config import ConfigError
     from ..reports.render import render_decode_run
 
+    from ..harness.run_state import RunBusy, read_status_file, store_is_locked
+
     try:
         preflight(plan)  # before the live table, so a setup error is one clean line
-    except HarnessError as exc:
+        if store_is_locked(plan.output):  # run_plan takes the lock; this only fails before the live table
+            raise RunBusy(Path(plan.output), read_status_file(plan.output))
+    except (HarnessError, RunBusy) as exc:
         raise fail(str(exc), exc.hint) from None
     finished: list[dict] = []
     skipped: list[dict] = []
