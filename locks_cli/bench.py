@@ -124,10 +124,12 @@ def _dry_run(plan, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps({"max_model_len": plan.effective_max_model_len, "cells": cells}, indent=1))
         return
-    typer.echo(f"max_model_len {plan.effective_max_model_len}; output {plan.output}")
+    typer.echo(f"output {plan.output}")
     for cell in cells:
         mark = "stored" if cell["stored"] else "todo"
-        typer.echo(f"{mark:6} {cell['arm']:10} {cell['workload']:>12} budget={cell['budget_tokens']}")
+        prefills = "1 prefill" if plan.single_prefill(cell["context_tokens"]) else "full protocol"
+        typer.echo(f"{mark:6} {cell['arm']:10} {cell['workload']:>12} budget={cell['budget_tokens']} "
+                   f"max_model_len={cell['max_model_len']} ({prefills})")
 
 
 def _run(plan, as_json: bool) -> None:

@@ -136,6 +136,7 @@ def _row(record: Record) -> dict:
         "tpot_cv": _tpot_cv(record),
         "ttft_mean": dig(record, "ttft_ms", "steady_mean", default=np.nan),
         "ttft_sd": dig(record, "ttft_ms", "steady_sd", default=np.nan),
+        "ttft_first": dig(record, "ttft_ms", "first_of_engine", default=np.nan),  # single-prefill contexts
         "build_ms": _harness_build_ms(record),
         "build_counter_ms": counters.get("build_ms", np.nan),
         "build_counter_calls": counters.get("eager_build_calls", np.nan),
@@ -304,12 +305,20 @@ def cell_columns(row: pd.Series, notes: md.Notes) -> dict[str, str]:
         "TPOT ms (mean ± sd)": tpot,
         "n": md.fmt_int(row["tpot_n"]) if ok else md.DASH,
         "Speedup": md.fmt_ratio(row["speedup"]),
-        "Steady TTFT ms": md.fmt_pm(row["ttft_mean"], row["ttft_sd"], 1) if ok else md.DASH,
+        "Steady TTFT ms": _ttft_cell(row, notes) if ok else md.DASH,
         BUILD: _build_cell(row, notes) if ok else md.DASH,
         "KV bytes/step": _bytes_cell(row) if ok else md.DASH,
         FLOOR: _floor_cell(row, notes) if ok else md.DASH,
         "Guards": guard_cell(row, notes),
     }
+
+
+def _ttft_cell(row: pd.Series, notes: md.Notes) -> str:
+    if md.missing(row["ttft_mean"]) and not md.missing(row.get("ttft_first", np.nan)):
+        return md.fmt_num(row["ttft_first"], 1) + notes.mark(
+            "single-prefill context: TTFT is the engine's only prefill (n = 1, the engine's first, so it includes "
+            "one-time work); no steady repeats are paid at this length")
+    return md.fmt_pm(row["ttft_mean"], row["ttft_sd"], 1)
 
 
 BUILD = "Build ms (Δ TTFT vs dense)"

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from . import markdown as md
@@ -96,6 +97,37 @@ def plot_speedup(decode: pd.DataFrame, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
+def bytes_series(decode: pd.DataFrame) -> pd.DataFrame:
+    """The data of `plot_bytes`: per (setup, arm, context) at batch 1, the attention bytes a step reads
+    (all KV for a dense arm; summaries scanned + selected pages for a sparse one), with the TPOT beside it."""
+    ok = decode[(decode["status"] == "ok") & (decode["batch_size"] == 1)] if len(decode) else decode
+    if ok.empty:
+        return ok
+    frame = ok[SETUP_KEYS + ["arm_label", "dense", "context_tokens", "tpot_mean"]].copy()
+    frame["attention_bytes"] = np.where(ok["dense"], ok["bytes_dense"], ok["bytes_locks"])
+    return frame.sort_values(SETUP_KEYS + ["arm_label", "context_tokens"]).reset_index(drop=True)
+
+
+def plot_bytes(decode: pd.DataFrame, path: Path) -> Path | None:
+    """Attention bytes per decode step vs context (log-log), one line per arm, one panel per setup."""
+    series = bytes_series(decode)
+    if series.empty:
+        return None
+    plt = _pyplot()
+    groups = list(series.groupby(SETUP_KEYS, sort=True))
+    fig, axes = _grid_of(plt, len(groups))
+    for ax, (setup, group) in zip(axes, groups):
+        for arm, line in group.groupby("arm_label", sort=True):
+            ax.plot(line["context_tokens"], line["attention_bytes"] / 1e9, marker="o", label=arm,
+                    linestyle="--" if line["dense"].iloc[0] else "-")
+        _context_axis(ax, sorted(group["context_tokens"].unique()))
+        ax.set_yscale("log")
+        ax.set_ylabel("attention bytes per step (GB)")
+        ax.set_title(_wrap(setup_title(setup)), fontsize=8)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
 def plot_quality(evals: pd.DataFrame, path: Path) -> Path | None:
     """Mean score with its 95% CI vs budget per arm (pooled over tasks); dense arms as dashed lines."""
     table = quality_table(evals)
@@ -133,6 +165,7 @@ def write_plots(decode: pd.DataFrame, evals: pd.DataFrame, out_dir: Path) -> lis
     written = [
         plot_tpot(decode, out_dir / "tpot_vs_context.png"),
         plot_speedup(decode, out_dir / "speedup_vs_context.png"),
+        plot_bytes(decode, out_dir / "bytes_vs_context.png"),
         plot_quality(evals, out_dir / "quality_vs_budget.png"),
     ]
     return [path for path in written if path is not None]

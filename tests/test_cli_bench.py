@@ -23,10 +23,23 @@ def test_dry_run_lists_the_ladder(tmp_path):
                      "--out", str(tmp_path / "b.jsonl"), "--dry-run")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("max_model_len 131344")
+    assert lines[0] == f"output {tmp_path / 'b.jsonl'}"
     assert [line.split()[1:3] for line in lines[1:]] == [
         ["fa3", "1q1s16k"], ["flashinfer", "1q1s16k"], ["fa3", "1q1s32k"], ["flashinfer", "1q1s32k"],
         ["fa3", "1q1s128k"], ["flashinfer", "1q1s128k"]]
+    # each rung's engine is sized for its own rung (16K + 258 decode tokens, rounded up to a page)
+    assert [line.split()[4] for line in lines[1::2]] == ["max_model_len=16656", "max_model_len=33040",
+                                                        "max_model_len=131344"]
+    assert all(line.endswith("(full protocol)") for line in lines[1:])
+
+
+def test_dry_run_names_the_single_prefill_rungs(tmp_path):
+    result = _invoke("--arms", "fa3", "--contexts", "128k,256k", "--out", str(tmp_path / "b.jsonl"), "--dry-run")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()[1:]
+    assert lines[0].endswith("(full protocol)") and lines[1].endswith("(1 prefill)")
+    # at 256K the ramp (256) and the timed windows (2 + 3 x 64) ride on the same requests: 256 + 194 + 2
+    assert "max_model_len=262608" in lines[1]
 
 
 def test_dry_run_json_marks_stored_cells(tmp_path):

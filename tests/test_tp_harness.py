@@ -155,7 +155,7 @@ class TwoRankSession:
 
     num_kv_blocks, block_size = 100_000, 16
 
-    def __init__(self, plan, arm, model_dir, dummy, knobs, vocab_size):
+    def __init__(self, plan, arm, model_dir, dummy, knobs, vocab_size, max_model_len=None):
         self.plan, self.boot_s, self.engine_kwargs = plan, 0.01, {"model": model_dir}
         self.rank_counts = [{"sparse_decode_rows": 0, "dense_fallback_rows": 0, "stock_decode_rows": 0}
                             for _ in range(plan.tensor_parallel_size)]
@@ -211,7 +211,7 @@ def test_tp2_job_samples_both_gpus_and_one_throttling_gpu_refuses_the_cell(monke
     monkeypatch.setattr(session_module, "EngineSession", TwoRankSession)
     _fake_nvml(monkeypatch, throttled={"7"})
     messages = []
-    run_job(_tp2_job(), messages.append)
+    run_job(_tp2_job(), lambda message: message["type"] != "phase" and messages.append(message))
     engine, cell = messages[0]["info"], messages[1]
     assert set(engine["gpus_at_boot"]) == {"2", "7"} and engine["tensor_parallel_size"] == 2
     assert cell["status"] == "refused" and "no clean window" in cell["reason"]
@@ -229,7 +229,7 @@ def test_tp2_job_with_clean_gpus_is_ok_and_floors_use_one_gpus_bytes(monkeypatch
     _fake_nvml(monkeypatch, throttled=set())
     messages = []
     job = _tp2_job()
-    run_job(job, messages.append)
+    run_job(job, lambda message: message["type"] != "phase" and messages.append(message))
     cell = messages[1]
     assert cell["status"] == "ok" and cell["guards"]["throttle"] == g.PASS, cell["reason"]
     traffic = cell["bytes_per_step"]
