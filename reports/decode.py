@@ -112,6 +112,9 @@ def _row(record: Record) -> dict:
     tpot_mean = dig(record, "tpot_ms", "mean", default=np.nan)
     floor = step_floor(record)
     counters = dig(record, "ttft_ms", "build_counters") or {}
+    each = [e["build_ms"] for e in (dig(record, "ttft_ms", "build_counters_each") or []) if e.get("build_ms") is not None]
+    if not each and counters.get("build_ms") is not None:  # records before per-prefill counters: the last one
+        each = [counters["build_ms"]]
     return {
         "model": str(cell.get("model") or "?"),
         "num_layers": cell.get("num_layers") if cell.get("num_layers") is not None else -1,
@@ -141,6 +144,10 @@ def _row(record: Record) -> dict:
         "build_counter_ms": counters.get("build_ms", np.nan),
         "build_counter_calls": counters.get("eager_build_calls", np.nan),
         "build_counter_summaries": counters.get("summaries_built", np.nan),
+        "build_kernel_mean": float(np.mean(each)) if each else np.nan,
+        "build_kernel_sd": float(np.std(each, ddof=1)) if len(each) > 1 else np.nan,
+        "build_kernel_n": len(each),
+        "ttft_method": str(dig(record, "ttft_ms", "method", default="") or ""),
         "bytes_dense": dig(record, "bytes_per_step", "dense", default=np.nan),
         "bytes_locks": dig(record, "bytes_per_step", "locks", default=np.nan),
         "floor_fraction": floor.floor_ms / tpot_mean if tpot_mean > 0 else np.nan,
@@ -270,12 +277,22 @@ def _build_cell(row: pd.Series, notes: md.Notes) -> str:
         text = md.fmt_num(row["build_delta"], 0)
         if text != md.DASH:
             text += f" (vs {row['dense_ttft_arm']})"
-    if not md.missing(row["build_counter_summaries"]):
-        text += notes.mark(
-            f"{cell_name(row)}: backend counters around one steady prefill: {int(row['build_counter_summaries'])} "
-            f"summaries built in {md.fmt_int(row['build_counter_calls'])} eager build calls, "
-            f"{md.fmt_num(row['build_counter_ms'], 1)} ms of build kernel time (CUDA events)")
     return text
+
+
+def _build_kernel_cell(row: pd.Series, notes: md.Notes) -> str:
+    """The summary build's kernel time per prefill from the backend counters (CUDA events), mean ± sd over the
+    prefills they were read around."""
+    if row["dense"] or not row["build_kernel_n"]:
+        return md.DASH
+    n = int(row["build_kernel_n"])
+    text = md.fmt_pm(row["build_kernel_mean"], row["build_kernel_sd"], 0) if n > 1 else md.fmt_num(row["build_kernel_mean"], 0)
+    around = "the measured prefill (single-prefill context)" if row["ttft_method"] == "single" else (
+        f"each of {n} steady prefills" if n > 1 else "one steady prefill")
+    summaries = "" if md.missing(row["build_counter_summaries"]) else (
+        f": {int(row['build_counter_summaries'])} summaries built in {md.fmt_int(row['build_counter_calls'])} "
+        "eager build calls per prefill")
+    return text + notes.mark(f"{cell_name(row)}: backend counters around {around}{summaries}")
 
 
 def _floor_cell(row: pd.Series, notes: md.Notes) -> str:
@@ -307,6 +324,7 @@ def cell_columns(row: pd.Series, notes: md.Notes) -> dict[str, str]:
         "Speedup": md.fmt_ratio(row["speedup"]),
         "Steady TTFT ms": _ttft_cell(row, notes) if ok else md.DASH,
         BUILD: _build_cell(row, notes) if ok else md.DASH,
+        BUILD_KERNEL: _build_kernel_cell(row, notes) if ok else md.DASH,
         "KV bytes/step": _bytes_cell(row) if ok else md.DASH,
         FLOOR: _floor_cell(row, notes) if ok else md.DASH,
         "Guards": guard_cell(row, notes),
@@ -322,13 +340,16 @@ def _ttft_cell(row: pd.Series, notes: md.Notes) -> str:
 
 
 BUILD = "Build ms (Δ TTFT vs dense)"
+BUILD_KERNEL = "Build kernel ms"
 FLOOR = "Floor (weights + KV)"
 LADDER_HEADER = ["Context", "Arm", "TPOT ms (mean ± sd)", "n", "Speedup", "Steady TTFT ms",
-                 BUILD, "KV bytes/step", FLOOR, "Guards"]
+                 BUILD, BUILD_KERNEL, "KV bytes/step", FLOOR, "Guards"]
 LADDER_LEGEND = (
     "Speedup is against the faster dense arm (lower TPOT) of the same context. "
     f"{BUILD}: a sparse arm's steady TTFT minus the lowest steady TTFT of a dense arm of the same model, "
     "context, batch and run setup (named in brackets), i.e. the summary build done inside every prefill. "
+    f"{BUILD_KERNEL}: the summary build's kernel time in one prefill (CUDA events read by the backend), mean ± sd "
+    "over the prefills it was read around. "
     "KV bytes/step: attention bytes only (all KV for a dense arm; summaries scanned + selected pages for Locks). "
     f"{FLOOR}: (weight bytes a step reads + KV bytes/step) / the measured copy bandwidth, as a share of the "
     "measured TPOT.")

@@ -17,6 +17,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from locks_toolkit.reports import markdown as md
@@ -308,7 +309,7 @@ def test_a_cpu_smoke_record_as_the_harness_writes_it_renders():
         "path_check": {"required": False, "ok": True, "status": "not_applicable", "counters": None},
     }
     text = render_report([record])
-    assert f"| 512 | cpu | {tpot['mean']:.2f} ± {tpot['sd']:.2f} | 4 | 1.00× | — | — | 4.2 MB |" in text
+    assert f"| 512 | cpu | {tpot['mean']:.2f} ± {tpot['sd']:.2f} | 4 | 1.00× | — | — | — | 4.2 MB |" in text
     assert "no NVML (1/1)[^" in text and "GPUs: no GPU" in text and "Commits: unknown" in text
 
 
@@ -396,7 +397,8 @@ def test_build_is_the_steady_ttft_above_the_fastest_dense_prefill():
     notes = md.Notes()
     table = render_ladder(frame, notes)
     assert f"| {expected:.0f} (vs fa3) |" in table and "| 250[^" in table
-    assert "81920 summaries built in 160 eager build calls, 41.3 ms" in notes.render()
+    assert "| 41[^" in table  # the build's kernel time in one steady prefill (backend counters)
+    assert "around one steady prefill: 81920 summaries built in 160 eager build calls per prefill" in notes.render()
 
 
 def test_dense_reference_for_build_is_the_lower_steady_ttft_not_the_lower_tpot():
@@ -432,3 +434,30 @@ def test_floor_counts_the_weights_a_step_reads():
     row = _cell(frame[frame["model"] == "/models/mystery-7b"], "fa3", 32768, 1)
     assert row["floor_basis"] == "kv_only" and row["floor_fraction"] == pytest.approx(unknown["floor_ms"] / unknown["tpot_ms"]["mean"])
     assert "8% KV only[^" in render_ladder(frame, md.Notes())
+
+
+def test_the_committed_h200_ladder_renders_its_single_prefill_rungs_and_build_kernel_time():
+    """The bs1 ladder as the harness wrote it on the H200: rungs from 128K on paid one prefill (TTFT n = 1,
+    footnoted), the build kernel time is a mean ± sd over the steady prefills below that, and speedups are
+    against the faster dense arm of each rung."""
+    from locks_toolkit.reports.plots import bytes_series
+
+    path = Path(__file__).parents[1] / "docs" / "results" / "efficiency" / "ladder-bs1-h200.jsonl"
+    stored = [json.loads(line) for line in path.read_text().splitlines()]
+    frame = decode_frame(stored)
+    locks = _cell(frame, "locks r8i4 b=2048", 524288, 1)
+    fastest = min((r for r in stored if r["cell"]["context_tokens"] == 524288 and r["cell"]["budget_tokens"] is None),
+                  key=lambda r: r["tpot_ms"]["mean"])
+    assert locks["dense_arm"] == fastest["cell"]["arm"]
+    assert locks["speedup"] == pytest.approx(fastest["tpot_ms"]["mean"] / locks["tpot_mean"])
+    notes = md.Notes()
+    table = render_ladder(frame, notes)
+    rendered = notes.render()
+    assert "single-prefill context: TTFT is the engine's only prefill (n = 1" in rendered
+    assert "around the measured prefill (single-prefill context)" in rendered
+    small = next(r for r in stored if r["cell"]["arm"] == "locks" and r["cell"]["context_tokens"] == 16384)
+    each = [e["build_ms"] for e in small["ttft_ms"]["build_counters_each"]]
+    assert len(each) == 3 and f"| {np.mean(each):.0f} ± {np.std(each, ddof=1):.0f}[^" in table
+    series = bytes_series(frame)
+    row = series[(series["arm_label"] == "locks r8i4 b=2048") & (series["context_tokens"] == 524288)].iloc[0]
+    assert row["attention_bytes"] == locks["bytes_locks"] < locks["bytes_dense"] / 9
