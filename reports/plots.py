@@ -60,22 +60,30 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:
     return path
 
 
+def _panels_by_setup(frame: pd.DataFrame, path: Path, ylabel: str, draw, log_y: bool = False) -> Path:
+    """One panel per setup with the context axis; `draw(ax, arm, line)` draws one arm's line."""
+    plt = _pyplot()
+    groups = list(frame.groupby(SETUP_KEYS, sort=True))
+    fig, axes = _grid_of(plt, len(groups))
+    for ax, (setup, group) in zip(axes, groups):
+        for arm, line in group.groupby("arm_label", sort=True):
+            draw(ax, arm, line)
+        _context_axis(ax, sorted(group["context_tokens"].unique()))
+        if log_y:
+            ax.set_yscale("log")
+        ax.set_ylabel(ylabel)
+        ax.set_title(_wrap(setup_title(setup)), fontsize=8)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
 def plot_tpot(decode: pd.DataFrame, path: Path) -> Path | None:
     """TPOT mean ± sd vs context, one line per arm, one panel per setup (batch 1, ok cells)."""
     ok = decode[(decode["status"] == "ok") & (decode["batch_size"] == 1)] if len(decode) else decode
     if ok.empty:
         return None
-    plt = _pyplot()
-    groups = list(ok.groupby(SETUP_KEYS, sort=True))
-    fig, axes = _grid_of(plt, len(groups))
-    for ax, (setup, group) in zip(axes, groups):
-        for arm, line in group.groupby("arm_label", sort=True):
-            ax.errorbar(line["context_tokens"], line["tpot_mean"], yerr=line["tpot_sd"].fillna(0), marker="o", capsize=3, label=arm)
-        _context_axis(ax, sorted(group["context_tokens"].unique()))
-        ax.set_ylabel("TPOT (ms)")
-        ax.set_title(_wrap(setup_title(setup)), fontsize=8)
-        ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return _panels_by_setup(ok, path, "TPOT (ms)", lambda ax, arm, line: ax.errorbar(
+        line["context_tokens"], line["tpot_mean"], yerr=line["tpot_sd"].fillna(0), marker="o", capsize=3, label=arm))
 
 
 def plot_speedup(decode: pd.DataFrame, path: Path) -> Path | None:
@@ -113,19 +121,9 @@ def plot_bytes(decode: pd.DataFrame, path: Path) -> Path | None:
     series = bytes_series(decode)
     if series.empty:
         return None
-    plt = _pyplot()
-    groups = list(series.groupby(SETUP_KEYS, sort=True))
-    fig, axes = _grid_of(plt, len(groups))
-    for ax, (setup, group) in zip(axes, groups):
-        for arm, line in group.groupby("arm_label", sort=True):
-            ax.plot(line["context_tokens"], line["attention_bytes"] / 1e9, marker="o", label=arm,
-                    linestyle="--" if line["dense"].iloc[0] else "-")
-        _context_axis(ax, sorted(group["context_tokens"].unique()))
-        ax.set_yscale("log")
-        ax.set_ylabel("attention bytes per step (GB)")
-        ax.set_title(_wrap(setup_title(setup)), fontsize=8)
-        ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return _panels_by_setup(series, path, "attention bytes per step (GB)", lambda ax, arm, line: ax.plot(
+        line["context_tokens"], line["attention_bytes"] / 1e9, marker="o", label=arm,
+        linestyle="--" if line["dense"].iloc[0] else "-"), log_y=True)
 
 
 def plot_quality(evals: pd.DataFrame, path: Path) -> Path | None:
