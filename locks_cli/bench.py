@@ -11,8 +11,10 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.console import Group
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from .errors import fail
 
@@ -152,19 +154,24 @@ def _run(plan, as_json: bool) -> None:
     skipped: list[dict] = []
     command = os.environ.get(COMMAND_ENV) or reproduce_command()
     detached = os.environ.get(DETACHED_ENV) == "1"  # no terminal: plain log lines, `locks bench status` shows the rest
-    with Live(_finished_table(finished), console=_stderr, refresh_per_second=2, transient=False,
-              auto_refresh=not detached) as live:
+
+    def view():
+        state = read_status_file(plan.output)
+        line = _progress_line(state, time.time()) if state and state.get("pid") == os.getpid() else "starting"
+        return Group(Text(line), _finished_table(finished))
+
+    with Live(view(), console=_stderr, refresh_per_second=2, transient=False, auto_refresh=not detached) as live:
 
         def on_event(kind: str, payload: dict) -> None:
             if kind == "record":
                 finished.append(payload)
-                live.update(_finished_table(finished))
             elif kind == "skipped":
                 skipped.append(payload)
             elif kind == "job":
                 budget = "" if payload["budget"] is None else f" budget {payload['budget']}"
                 live.console.print(f"[cyan]engine[/] {payload['arm']} @ {payload['context']} tokens{budget}, "
                                    f"batches {payload['batches']}")
+            live.update(view())  # the status file already holds this event (runner order)
 
         try:
             run_plan(plan, command=command, on_event=on_event)
@@ -193,6 +200,15 @@ def _duration(seconds: float | None) -> str:
     seconds = int(round(seconds))
     hours, rest = divmod(seconds, 3600)
     return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _progress_line(state: dict, now: float) -> str:
+    """cells done / total, the current cell and phase, elapsed and time left: the live view's first line."""
+    done = f"{state['cells_done']}/{state['cells_total']} cells"
+    now_text = _phase_text(state["current"], now) if state.get("current") else "between engines"
+    eta = state.get("eta_s")
+    left = f"~{_duration(max(eta - (now - state['updated']), 0.0))} left" if eta is not None else "time left: after the first engine"
+    return f"{done} | {now_text} | elapsed {_duration(now - state['started'])} | {left}"
 
 
 def _phase_text(current: dict, now: float) -> str:

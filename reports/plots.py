@@ -12,6 +12,7 @@ import pandas as pd
 
 from . import markdown as md
 from .decode import SETUP_KEYS, setup_title
+from .grid import grid_frame, own_frontiers
 from .quality import ALL_TASKS, FULL_BUDGET, TABLE_KEYS, quality_table
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,75 @@ def plot_bytes(decode: pd.DataFrame, path: Path) -> Path | None:
         linestyle="--" if line["dense"].iloc[0] else "-"), log_y=True)
 
 
+def grid_series(decode: pd.DataFrame) -> list[dict]:
+    """The data of `plot_grid`: per (setup, sparse arm) the contexts x batch sizes matrix of speedups vs the
+    faster dense arm (None where none exists), the text of each cell, and the sparse arm's own frontier."""
+    if decode.empty or decode["dense"].all() or (decode["batch_size"] == 1).all():
+        return []
+    sparse = grid_frame(decode)
+    frontiers = own_frontiers(decode)
+    batches = sorted(decode["batch_size"].unique())
+    panels = []
+    for (*setup, arm), group in sparse.groupby(SETUP_KEYS + ["arm_label"], sort=True):
+        contexts = sorted(group["context_tokens"].unique())
+        speedup, text = [], []
+        for context in contexts:
+            row_speedup, row_text = [], []
+            for batch in batches:
+                hit = group[(group["context_tokens"] == context) & (group["batch_size"] == batch)]
+                value = None if hit.empty or md.missing(hit.iloc[0]["speedup"]) else float(hit.iloc[0]["speedup"])
+                row_speedup.append(value)
+                if hit.empty:
+                    row_text.append("")
+                elif value is not None:
+                    row_text.append(md.fmt_ratio(value))
+                elif hit.iloc[0]["status"] == "ok":
+                    dense = decode[decode["dense"] & (decode["context_tokens"] == context) & (decode["batch_size"] == batch)
+                                   & (decode[SETUP_KEYS] == pd.Series(setup, index=SETUP_KEYS)).all(axis=1)]
+                    row_text.append("dense\nOOM" if (dense["status"] == "oom").any() else "no dense\nresult")
+                else:
+                    row_text.append(md.STATUS_LABEL.get(hit.iloc[0]["status"], hit.iloc[0]["status"]))
+            speedup.append(row_speedup)
+            text.append(row_text)
+        mine = frontiers[(frontiers["arm_label"] == arm)
+                         & (frontiers[SETUP_KEYS] == pd.Series(setup, index=SETUP_KEYS)).all(axis=1)]
+        frontier = {int(r["context_tokens"]): int(r["frontier_batch"]) for _, r in mine.iterrows()}
+        panels.append({"setup": tuple(setup), "arm": arm, "contexts": contexts, "batches": batches,
+                       "speedup": speedup, "text": text, "frontier": frontier})
+    return panels
+
+
+def plot_grid(decode: pd.DataFrame, path: Path) -> Path | None:
+    """The batched grid as a heat map of speedup vs the faster dense arm (1.0 = white), one panel per
+    (setup, sparse arm); the sparse arm's own frontier at each context is outlined."""
+    panels = grid_series(decode)
+    if not panels:
+        return None
+    plt = _pyplot()
+    fig, axes = _grid_of(plt, len(panels))
+    for ax, panel in zip(axes, panels):
+        values = np.array([[np.nan if v is None else v for v in row] for row in panel["speedup"]], dtype=float)
+        spread = max(float(np.nanmax(np.abs(np.log2(values)))) if np.isfinite(values).any() else 0.0, 0.1)
+        cmap = plt.get_cmap("RdBu").with_extremes(bad="#dddddd")  # no speedup there: grey, not the white of 1.0x
+        image = ax.imshow(np.log2(values), cmap=cmap, vmin=-spread, vmax=spread, aspect="auto")
+        for i, row in enumerate(panel["text"]):
+            for j, label in enumerate(row):
+                ax.text(j, i, label, ha="center", va="center", fontsize=7)
+        for i, context in enumerate(panel["contexts"]):
+            if context in panel["frontier"]:
+                j = panel["batches"].index(panel["frontier"][context])
+                ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, linewidth=2, edgecolor="black"))
+        ax.set_xticks(range(len(panel["batches"])), [f"bs{b}" for b in panel["batches"]])
+        ax.set_yticks(range(len(panel["contexts"])), [md.fmt_tokens(c) for c in panel["contexts"]])
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("context")
+        ax.set_title(_wrap(f"{panel['arm']} vs faster dense (outlined: its own frontier): "
+                           f"{setup_title(panel['setup'])}"), fontsize=8)
+        bar = fig.colorbar(image, ax=ax)
+        bar.set_label("log2 speedup")
+    return _save(plt, fig, path)
+
+
 def plot_quality(evals: pd.DataFrame, path: Path) -> Path | None:
     """Mean score with its 95% CI vs budget per arm (pooled over tasks); dense arms as dashed lines."""
     table = quality_table(evals)
@@ -164,6 +234,7 @@ def write_plots(decode: pd.DataFrame, evals: pd.DataFrame, out_dir: Path) -> lis
         plot_tpot(decode, out_dir / "tpot_vs_context.png"),
         plot_speedup(decode, out_dir / "speedup_vs_context.png"),
         plot_bytes(decode, out_dir / "bytes_vs_context.png"),
+        plot_grid(decode, out_dir / "batched_speedup_grid.png"),
         plot_quality(evals, out_dir / "quality_vs_budget.png"),
     ]
     return [path for path in written if path is not None]

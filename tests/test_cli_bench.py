@@ -179,7 +179,7 @@ def test_run_prints_the_report_ladder_and_the_noise_table(fake_engine, tmp_path)
     ladder = _rows(_section(text, LADDER), "32k")
     assert [row[1] for row in ladder] == ["fa3", "flashinfer"]
     assert ladder[0][2:5] == ["8.00 ± 0.16", "192", "1.00×"] and ladder[1][2:5] == ["9.00 ± 0.18", "192", "0.89×"]
-    assert ladder[0][8] == "58%" and ladder[1][8] == "52%"  # Floor: 4.675 ms of weights + KV over the TPOT
+    assert ladder[0][9] == "58%" and ladder[1][9] == "52%"  # Floor: 4.675 ms of weights + KV over the TPOT
     noise = {row[0]: row[1:] for arm in ("fa3", "flashinfer") for row in _rows(_section(text, NOISE), arm)}
     assert noise == {"fa3": ["1", "2.0%", "2.0%", "32k bs1"], "flashinfer": ["1", "2.0%", "2.0%", "32k bs1"]}
     assert len(read_records(out)) == 2

@@ -27,6 +27,8 @@ def test_cli_runs_the_cpu_engine_then_resumes(tmp_path, monkeypatch):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     records = json.loads(result.stdout)
+    # the live view's first line: cells done of the total, the cell and phase now, elapsed, time left
+    assert "2/2 cells | cpu @ 256 tokens: window (batch 2, 2 of 2)" in result.stderr and "left" in result.stderr
     assert [(r["cell"]["batch_size"], r["status"]) for r in records] == [(1, "ok"), (2, "ok")], records
     plan = load_plan(SMOKE)
     for record in records:

@@ -461,3 +461,32 @@ def test_the_committed_h200_ladder_renders_its_single_prefill_rungs_and_build_ke
     series = bytes_series(frame)
     row = series[(series["arm_label"] == "locks r8i4 b=2048") & (series["context_tokens"] == 524288)].iloc[0]
     assert row["attention_bytes"] == locks["bytes_locks"] < locks["bytes_dense"] / 9
+
+
+def test_own_frontiers_compare_each_arm_at_its_largest_batch_that_ran():
+    """At 128K the fixture's Locks runs bs16 where both dense arms OOM: its own frontier (bs16) is compared
+    with the best dense throughput at the dense arms' own frontier (bs8), not at an equal batch."""
+    from locks_toolkit.reports.grid import own_frontiers
+
+    stored = records("decode")
+    tput = {(r["cell"]["arm"], r["cell"]["context_tokens"], r["cell"]["batch_size"]): r.get("throughput_tok_s")
+            for r in stored if r["status"] == "ok"}
+    row = own_frontiers(decode_frame(stored)).set_index("context_tokens").loc[131072]
+    assert (row["frontier_batch"], row["dense_frontier_batch"]) == (16, 8)
+    best_dense = max(tput[("fa3", 131072, 8)], tput[("flashinfer", 131072, 8)])
+    assert row["ratio"] == pytest.approx(tput[("locks", 131072, 16)] / best_dense)
+    assert row["dense_frontier_arm"] == max(("fa3", "flashinfer"), key=lambda arm: tput[(arm, 131072, 8)])
+
+
+def test_grid_heat_map_series_holds_the_speedups_labels_and_own_frontier():
+    from locks_toolkit.reports.plots import grid_series
+
+    frame = decode_frame(records("decode"))
+    (panel,) = grid_series(frame)
+    assert panel["arm"] == "locks r8i4 b=2048" and panel["batches"] == [1, 8, 16, 32]
+    i, j = panel["contexts"].index(131072), panel["batches"].index(8)
+    assert panel["speedup"][i][j] == pytest.approx(_cell(frame, "locks r8i4 b=2048", 131072, 8)["speedup"])
+    assert panel["text"][i][panel["batches"].index(16)] == "dense\nOOM"  # Locks ran where no dense arm fit
+    assert panel["speedup"][i][panel["batches"].index(16)] is None
+    assert panel["frontier"][131072] == 16 and panel["frontier"][32768] == 32
+    assert grid_series(frame[frame["batch_size"] == 1]) == []  # no batched cell: no heat map

@@ -73,7 +73,8 @@ def test_plots_are_png_files(tmp_path):
     result = runner.invoke(app, ["report", fixture("decode"), fixture("eval"), "--plots", str(tmp_path / "plots")])
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert names == ["bytes_vs_context.png", "quality_vs_budget.png", "speedup_vs_context.png", "tpot_vs_context.png"]
+    assert names == ["batched_speedup_grid.png", "bytes_vs_context.png", "quality_vs_budget.png",
+                     "speedup_vs_context.png", "tpot_vs_context.png"]
     for path in (tmp_path / "plots").iterdir():
         data = path.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 1000
