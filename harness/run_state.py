@@ -173,7 +173,8 @@ class RunStatus:
             self._close_group(now)
             self._group_started, self._prefills, self._boot_s = now, [], None
             self.data["current"] = {"arm": payload["arm"], "context": payload["context"], "budget": payload["budget"],
-                                    "batches": payload["batches"], "phase": "starting", "phase_since": now}
+                                    "batches": payload["batches"], "phase": "starting", "phase_since": now,
+                                    "log": payload.get("log")}
         elif kind == "phase" and self.data["current"] is not None:
             self._end_phase(now)
             self._phase, self._phase_started = payload["phase"], now

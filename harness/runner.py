@@ -20,7 +20,7 @@ from . import nvml
 from . import provenance as prov
 from .arms import get_arm
 from .plan import DecodePlan
-from .run_state import RunBusy, RunStatus, StoreLock
+from .run_state import RunBusy, RunStatus, StoreLock, run_dir
 from .presets import ModelGeometry, build_config, materialize_model, preset_names, read_model_dir_config
 from .store import append_record, cell_key, finished_keys, read_records
 from .weights import weights_from_config
@@ -244,13 +244,28 @@ def _run_groups(plan: DecodePlan, setup: _Setup, groups: list[CellGroup], done: 
         job = EngineJob(plan, group.arm, group.context, group.budget, tuple(todo), setup.model_dir, setup.dummy,
                         geometry, int(setup.config.get("vocab_size", 32000)),
                         measure_ttft=min(todo) == min(plan.batch_sizes), weights=weights)
-        on_event("job", {"arm": group.arm, "context": group.context, "budget": group.budget, "batches": list(todo)})
-        _run_job(job, todo, write, lambda message: on_event("phase", {"arm": group.arm, "context": group.context,
-                                                                        "budget": group.budget, **message}))
+        log_path = engine_log_path(plan, group)
+        on_event("job", {"arm": group.arm, "context": group.context, "budget": group.budget, "batches": list(todo),
+                         "log": str(log_path)})
+
+        def write_logged(cell, status, reason, engine, measurement, log_path=log_path):
+            write(cell, status, reason, engine, {**measurement, "engine_log": str(log_path)})
+
+        _run_job(job, todo, write_logged, lambda message: on_event("phase", {"arm": group.arm, "context": group.context,
+                                                                               "budget": group.budget, **message}),
+                 log_path=log_path)
     return summary
 
 
-def _run_job(job: EngineJob, cells: dict[int, dict], write, on_phase=lambda message: None) -> None:
+def engine_log_path(plan: DecodePlan, group: CellGroup) -> Path:
+    """Where one engine process's stdout and stderr go (vLLM's logs): beside the store, one file per job."""
+    budget = "" if group.budget is None else f"-b{group.budget}"
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    return run_dir(plan.output) / "engines" / f"{stamp}-{group.arm}-{group.context}{budget}.log"
+
+
+def _run_job(job: EngineJob, cells: dict[int, dict], write, on_phase=lambda message: None,
+             log_path: Path | None = None) -> None:
     """Run one engine job (in a spawned process unless isolation is inline) and write its records."""
     pending = dict(cells)
     engine: dict | None = None
@@ -288,7 +303,8 @@ def _run_job(job: EngineJob, cells: dict[int, dict], write, on_phase=lambda mess
     else:
         context = mp.get_context("spawn")  # CUDA cannot be forked; spawn also isolates vLLM globals
         messages = context.Queue()
-        process = context.Process(target=child_main, args=(job, messages), name=f"engine-{job.arm}-{job.context}")
+        process = context.Process(target=child_main, args=(job, messages, str(log_path) if log_path else None),
+                                  name=f"engine-{job.arm}-{job.context}")
         process.start()
         finished = hung = False
         last_message = time.monotonic()

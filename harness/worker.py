@@ -102,9 +102,11 @@ def _fatal(stage: str, exc: BaseException) -> dict:
             "reason": f"{stage}: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
 
 
-def child_main(job: EngineJob, queue) -> None:
-    """Entry point of the spawned engine process."""
+def child_main(job: EngineJob, queue, log_path: str | None = None) -> None:
+    """Entry point of the spawned engine process; with `log_path` its stdout and stderr (vLLM's logs) go there."""
     _die_with_parent()
+    if log_path is not None:
+        _redirect_output(log_path)
     os.environ.update(job_environment(job))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     run_job(job, queue.put)
@@ -123,6 +125,18 @@ def _die_with_parent() -> None:
 
 
 _PR_SET_PDEATHSIG = 1
+
+
+def _redirect_output(path: str) -> None:
+    """Point fds 1 and 2 at the engine's log file, so vLLM's logs and those of its C++ parts stay out of the
+    terminal that shows the progress view and the tables."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def phase_message(phase: str, **detail) -> dict:

@@ -190,7 +190,8 @@ def _run(plan, as_json: bool) -> None:
     errors = [r for r in finished if r["status"] == "error"]
     if errors:
         _stderr.print(f"[bold red]error:[/] {len(errors)} cell(s) failed; first: {errors[0].get('reason')}")
-        _stderr.print("[yellow]hint:[/] rerun the same command to retry them (finished cells are kept)")
+        where = f"; the engine's log: {errors[0]['engine_log']}" if errors[0].get("engine_log") else ""
+        _stderr.print(f"[yellow]hint:[/] rerun the same command to retry them (finished cells are kept){where}")
         raise typer.Exit(1)
 
 
@@ -269,7 +270,8 @@ def status(
         typer.echo(f"stopped no process holds the store; it was at: {where}. Rerun the same command to resume.")
     if state.get("error"):
         typer.echo(f"error   {state['error']}")
-    typer.echo(f"log     {run_dir(run) / 'log.txt'}")
+    engine_log = (state.get("current") or {}).get("log") if state["alive"] else None
+    typer.echo(f"log     {engine_log or run_dir(run) / 'log.txt'}" + (" (this engine's)" if engine_log else ""))
     _stderr.print(_finished_table(list(newest.values())))
 
 

@@ -71,6 +71,10 @@ def test_a_detached_run_survives_its_launcher_is_stopped_and_resumes(tmp_path):
     text = CliRunner().invoke(app, ["bench", "status", str(store)])
     assert "no process holds the store" in text.stdout and "Rerun the same command to resume" in text.stdout
     assert [r["cell"]["context_tokens"] for r in read_records(store)] == [128]  # nothing half-written
+    # the run's own log has the harness's lines; vLLM's went to one file per engine
+    engine_logs = sorted((run_dir(store) / "engines").iterdir())
+    assert engine_logs[0].name.endswith("-cpu-128.log") and "Initializing a V1 LLM engine" in engine_logs[0].read_text()
+    assert "Initializing a V1 LLM engine" not in (run_dir(store) / "log.txt").read_text()
 
     again = CliRunner().invoke(app, args + ["--json"])
     assert again.exit_code == 0, again.output

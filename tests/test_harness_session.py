@@ -29,6 +29,10 @@ def test_cli_runs_the_cpu_engine_then_resumes(tmp_path, monkeypatch):
     records = json.loads(result.stdout)
     # the live view's first line: cells done of the total, the cell and phase now, elapsed, time left
     assert "2/2 cells | cpu @ 256 tokens: window (batch 2, 2 of 2)" in result.stderr and "left" in result.stderr
+    # vLLM's own logs went to the engine's log file, which the records name
+    log_file = records[0]["engine_log"]
+    assert log_file == records[1]["engine_log"] and log_file.startswith(str(out) + ".run/engines/")
+    assert "Initializing a V1 LLM engine (v0.24.0)" in open(log_file).read()
     assert [(r["cell"]["batch_size"], r["status"]) for r in records] == [(1, "ok"), (2, "ok")], records
     plan = load_plan(SMOKE)
     for record in records:
