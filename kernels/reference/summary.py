@@ -98,7 +98,10 @@ def build_page_summaries(
     centroid = keys.mean(dim=-2)
     deviations = keys - centroid.unsqueeze(-2)
     gram = deviations @ deviations.transpose(-1, -2)  # [..., P, B, B]
-    eigenvalues, eigenvectors = torch.linalg.eigh(gram)  # ascending
+    # fp32 eigh (LAPACK syevd) returns NaN pairs or fails to converge, for the whole batch, on a Gram made only
+    # of round-off (a page of identical keys: repeated tokens in NoPE layers, bf16 collisions, padding);
+    # 16 x 16 in fp64 costs little and is exact enough for every dtype the build serves.
+    eigenvalues, eigenvectors = (t.to(dtype) for t in torch.linalg.eigh(gram.double()))  # ascending
     eigenvalues = eigenvalues.flip(-1)
     eigenvectors = eigenvectors.flip(-1)
 
