@@ -118,3 +118,40 @@ def test_outlier_capture_inequality(gen, dim, groups, pages, kind, rank):
     assert (sides.captured >= sides.required - slack).all(), (
         f"violation {(sides.required - sides.captured).max():.3g}"
     )
+
+
+def _page_with_spectrum(gen, spectrum, dim=64, dtype=torch.float64):
+    """One page of 16 keys whose centered Gram has eigenvalues `spectrum` (then zeros), and the key-space
+    direction of each mode (the columns of V)."""
+    tokens = 16
+    u = torch.randn((tokens, len(spectrum)), generator=gen, dtype=torch.float64)
+    u, _ = torch.linalg.qr(u - u.mean(0, keepdim=True))  # orthonormal, orthogonal to the ones vector: centered
+    v, _ = torch.linalg.qr(torch.randn((dim, len(spectrum)), generator=gen, dtype=torch.float64))
+    deviations = u @ torch.diag(torch.tensor(spectrum, dtype=torch.float64).sqrt()) @ v.T
+    centroid = torch.randn((1, dim), generator=gen, dtype=torch.float64)
+    return (centroid + deviations).to(dtype)[None], v
+
+
+SMALL_MODE_SPECTRUM = [100.0, 50.0, 30.0, 20.0, 1e-4]  # 100 x [1, .5, .3, .2, 1e-6]
+
+
+def test_an_fp64_build_keeps_a_genuine_small_mode_and_the_audit_holds(gen):
+    keys, v = _page_with_spectrum(gen, SMALL_MODE_SPECTRUM)
+    summaries = build_page_summaries(keys, 8)
+    assert summaries.kept_modes()[0].sum() == 5  # fp32's eps would drop the 1e-6 mode here
+    q = v[:, 4][None, None]  # [P=1 pages' q: G=1, d] along the small mode
+    capture = outlier_capture(q, keys, summaries)
+    assert (capture.captured >= capture.required - 1e-12).all(), (capture.captured, capture.required)
+
+
+def test_a_mode_the_build_dropped_counts_as_the_first_left_out(gen):
+    """An fp32 build drops the 1e-6 mode as round-off; the inequality then needs sigma_{r+1} to be that mode
+    (the largest one not represented), not the rank's next eigenvalue (0 here), or a correct summary fails."""
+    keys, v = _page_with_spectrum(gen, SMALL_MODE_SPECTRUM)
+    summaries = build_page_summaries(keys.float(), 8)
+    assert summaries.kept_modes()[0].sum() == 4
+    q = v[:, 4][None, None].float()
+    capture = outlier_capture(q, keys.float(), summaries)
+    slack = 1e-4 * SMALL_MODE_SPECTRUM[0]  # fp32 round-off of this page's numbers
+    assert (capture.captured >= capture.required - slack).all(), (capture.captured, capture.required)
+    assert (capture.required <= 0).all()  # q only sees the dropped mode, which the bound now subtracts

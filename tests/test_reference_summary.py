@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from locks_toolkit.kernels.reference.summary import ZERO_MODE_RTOL, build_page_summaries, reconstruct_keys
+from locks_toolkit.kernels.reference.summary import (
+    ZERO_MODE_RTOL, build_page_summaries, reconstruct_keys, zero_mode_rtol,
+)
 from locks_toolkit.kernels.reference.testing import gaussian_keys, low_rank_keys
 
 B = 16
@@ -96,8 +98,9 @@ def test_zero_modes_give_zero_columns_and_no_nan(gen, dtype):
     assert (residual <= allowed).all(), f"residual {residual.tolist()} > allowed {allowed.tolist()}"
 
 
-def test_zero_mode_threshold_is_relative_to_the_largest_eigenvalue(gen):
-    # A genuine mode well above B * eps * lambda_max is kept; noise below it is dropped.
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_zero_mode_threshold_is_relative_to_the_largest_eigenvalue_and_the_builds_eps(gen, dtype):
+    # A genuine mode well above B * eps * lambda_max is kept; noise below it is dropped; eps is the build's own.
     dim = 64
     base = low_rank_keys(gen, (5, B, dim), 1, dtype=torch.float64)
     weak_dir = torch.randn((5, 1, dim), generator=gen, dtype=torch.float64)
@@ -105,11 +108,11 @@ def test_zero_mode_threshold_is_relative_to_the_largest_eigenvalue(gen):
     deviations = base - base.mean(-2, keepdim=True)
     lam_max = torch.linalg.eigvalsh(deviations @ deviations.transpose(-1, -2))[..., -1]
     for factor, expected in ((1e3, 2), (1e-3, 1)):
-        target = factor * ZERO_MODE_RTOL * B * lam_max
+        target = factor * zero_mode_rtol(dtype) * B * lam_max
         weak = weak_coef * weak_dir
         weak = weak - weak.mean(-2, keepdim=True)
         weak = weak * (target / weak.square().sum((-1, -2))).sqrt()[:, None, None]
-        kept = build_page_summaries(base + weak, 8).kept_modes().sum(-1)
+        kept = build_page_summaries((base + weak).to(dtype), 8).kept_modes().sum(-1)
         assert (kept == expected).all(), f"relative eigenvalue {factor}*B*eps kept {kept.tolist()} modes"
 
 

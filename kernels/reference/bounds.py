@@ -110,7 +110,7 @@ class OutlierCapture:
     sigma_{r+1}^2 ||q||^2 [..., G, P]. The inequality captured >= required holds for exact summaries."""
 
     captured: torch.Tensor
-    required: torch.Tensor
+    required: torch.Tensor  # with sigma_{r+1}^2 the largest eigenvalue the summary does not represent
 
 
 def outlier_capture(q: torch.Tensor, keys: torch.Tensor, summaries: PageSummaries) -> OutlierCapture:
@@ -124,7 +124,11 @@ def outlier_capture(q: torch.Tensor, keys: torch.Tensor, summaries: PageSummarie
     kept_eigenvalues = eigenvalues[..., :rank] * summaries.kept_modes()
     projected = torch.einsum("...gd,...pdr->...gpr", q, summaries.basis.to(dtype))
     captured = (projected.square() * kept_eigenvalues.unsqueeze(-3)).sum(-1)
-    next_eigenvalue = eigenvalues[..., rank] if rank < eigenvalues.shape[-1] else torch.zeros_like(eigenvalues[..., 0])
+    # The largest eigenvalue left out: past the rank, or a mode within it that the build dropped as a zero mode
+    # (the inequality's sigma_{r+1} is the first mode not represented, whichever the reason).
+    represented = torch.zeros_like(eigenvalues, dtype=torch.bool)
+    represented[..., :rank] = summaries.kept_modes()
+    next_eigenvalue = torch.where(represented, torch.zeros_like(eigenvalues), eigenvalues).amax(-1)
     deviations = keys - keys.mean(dim=-2, keepdim=True)
     largest = torch.einsum("...gd,...pbd->...gpb", q, deviations).square().amax(-1)
     required = largest - next_eigenvalue.unsqueeze(-2) * q.square().sum(-1, keepdim=True)

@@ -18,7 +18,13 @@ import torch
 # lambda_max (measured), so a smaller threshold keeps noise modes whose basis column D^T u / sigma
 # is not orthogonal to the rest. The second: the fp32 centroid is exact only to ~eps |k| per
 # element, so a page of identical keys has round-off deviations of energy ~eps^2 sum ||k_i||^2.
-ZERO_MODE_RTOL = torch.finfo(torch.float32).eps
+ZERO_MODE_RTOL = torch.finfo(torch.float32).eps  # of an fp32 build; `zero_mode_rtol` gives any build's
+
+
+def zero_mode_rtol(dtype: torch.dtype) -> float:
+    """Relative size below which a Gram eigenvalue is round-off of the build's own precision (its dtype's eps):
+    an fp64 build keeps a genuine mode of 1e-6 of the largest that an fp32 build must drop."""
+    return torch.finfo(dtype).eps
 
 
 @dataclass(frozen=True)
@@ -107,8 +113,9 @@ def build_page_summaries(
 
     top_eigenvalues = eigenvalues[..., :rank]
     top_vectors = eigenvectors[..., :rank]  # U_r [..., P, B, r]
-    relative_floor = ZERO_MODE_RTOL * page_size * eigenvalues[..., :1].clamp_min(0)
-    centering_floor = (ZERO_MODE_RTOL * page_size) ** 2 * keys.square().sum(dim=(-1, -2)).unsqueeze(-1)
+    rtol = zero_mode_rtol(dtype)
+    relative_floor = rtol * page_size * eigenvalues[..., :1].clamp_min(0)
+    centering_floor = (rtol * page_size) ** 2 * keys.square().sum(dim=(-1, -2)).unsqueeze(-1)
     threshold = torch.maximum(relative_floor, centering_floor)
     kept = top_eigenvalues > threshold  # also drops negative eigenvalues and all modes of a constant page
     singular = torch.where(kept, top_eigenvalues, torch.ones_like(top_eigenvalues)).sqrt()
