@@ -259,7 +259,7 @@ def _evaluate_layer(
             estimated = states[arm].scorer.scores(state, view.q, scale).to(torch.float64)  # [Hkv, G, F]
             errors = (estimated - exact[..., : view.full_pages]).abs()
             errors_of[arm].append(errors.flatten())
-            score_audits[arm].merge(audit_scores(arm, state, view.q, full_keys, errors, scale))
+            score_audits[arm].merge(audit_scores(arm, state, view.q, full_keys, estimated, errors, scale))
             ranked = _pad_scores(estimated, view.num_pages)
             shares = group_shares(ranked, scored)
             log_err = (shares.clamp_min(_TINY).log() - exact_shares.clamp_min(_TINY).log()).abs()

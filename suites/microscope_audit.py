@@ -67,9 +67,12 @@ class AuditCounts:
 
 
 def audit_scores(
-    arm: Arm, state: object, q: torch.Tensor, full_keys: torch.Tensor, errors: torch.Tensor, scale: float
+    arm: Arm, state: object, q: torch.Tensor, full_keys: torch.Tensor, estimated: torch.Tensor, errors: torch.Tensor,
+    scale: float,
 ) -> AuditCounts:
-    """Page-level bounds of one step: q [Hkv, G, d], full_keys fp64 [Hkv, F, B, d], errors [Hkv, G, F]."""
+    """Page-level bounds of one step: q [Hkv, G, d], full_keys fp64 [Hkv, F, B, d], estimated [Hkv, G, F]: the
+    page scores the arm's selector ranked (the audit checks what was used, not a rebuild from the keys), and
+    errors = |estimated - exact|."""
     counts = AuditCounts()
     if full_keys.shape[-3] == 0:
         return counts
@@ -80,8 +83,8 @@ def audit_scores(
         capture = bounds.outlier_capture(q, full_keys, state)
         size = capture.captured.abs() + capture.required.abs()
         counts.add("outlier_capture", capture.captured < capture.required - REL_TOL * size - ABS_TOL)
-    if arm.scorer == "quest":
-        gap = bounds.envelope_gap(q, full_keys, scale)  # max logit - envelope, must be <= 0
+    if arm.scorer == "quest":  # the envelope the selector scored with must bound every logit of its page
+        gap = exact_logits(q, full_keys, scale).amax(-1) - estimated.to(torch.float64)
         counts.add("envelope", gap > ABS_TOL)
     return counts
 

@@ -146,10 +146,28 @@ def test_score_bound_audit_flags_an_error_above_the_bound():
     keys = torch.randn(1, 5, 16, 32, generator=gen, dtype=torch.float64)
     q = torch.randn(1, 3, 32, generator=gen, dtype=torch.float64)
     summaries = build_page_summaries(keys, 4)
-    honest = audit_scores(Arm("locks", SummaryFormat.parse("r4fp")), summaries, q, keys, torch.zeros(1, 3, 5), 0.2)
+    arm, estimated = Arm("locks", SummaryFormat.parse("r4fp")), torch.zeros(1, 3, 5)  # scores are not audited here
+    honest = audit_scores(arm, summaries, q, keys, estimated, torch.zeros(1, 3, 5), 0.2)
     assert honest.violated["score_bound"] == 0
-    inflated = audit_scores(Arm("locks", SummaryFormat.parse("r4fp")), summaries, q, keys, torch.full((1, 3, 5), 1e3), 0.2)
+    inflated = audit_scores(arm, summaries, q, keys, estimated, torch.full((1, 3, 5), 1e3), 0.2)
     assert inflated.violated["score_bound"] == 15
+
+
+def test_envelope_audit_checks_the_envelope_the_selector_scored_with():
+    """A Quest scorer that takes min where the envelope takes max scores below the page's logits; the audit
+    must see it, which a rebuild of the envelope from the keys never would."""
+    from locks_toolkit.kernels.reference.selectors import envelope_scores
+
+    gen = generator(fresh_seed())
+    keys = torch.randn(1, 5, 16, 32, generator=gen, dtype=torch.float64)
+    q = torch.randn(1, 3, 32, generator=gen, dtype=torch.float64)
+    arm, upper, lower = Arm("quest", None), keys.amax(-2), keys.amin(-2)
+    errors = torch.zeros(1, 3, 5)
+    right = audit_scores(arm, (upper, lower), q, keys, envelope_scores(q, upper, lower, 0.2), errors, 0.2)
+    assert right.checked["envelope"] == 15 and right.violated["envelope"] == 0
+    wrong = torch.minimum(q.unsqueeze(-2) * upper.unsqueeze(-3), q.unsqueeze(-2) * lower.unsqueeze(-3)).sum(-1) * 0.2
+    swapped = audit_scores(arm, (upper, lower), q, keys, wrong, errors, 0.2)
+    assert swapped.violated["envelope"] == 15  # sum_c min(q_c u_c, q_c l_c) bounds every logit from below
 
 
 def test_captured_energy_is_one_for_low_rank_pages_and_zero_for_centroids():
