@@ -45,11 +45,14 @@ def run(
         if config_file is not None:
             config = load_config_file(config_file, cli)
         else:
+            from ..suites.task_spec import list_tasks, load_task
+
             defaults = {"arms": _DEFAULT_ARMS, "model": "gemma3-270m", "lengths": "4k"}
             if suite:
-                from ..suites.task_spec import list_tasks
-
                 defaults |= {"tasks": ",".join(list_tasks(suite)), "out": Path("runs") / f"eval-{suite}.jsonl"}
+            chosen = [t for t in str(tasks or defaults.get("tasks") or "").split(",") if t]
+            if chosen and all(t in list_tasks() for t in chosen):  # the tasks' own shortest length (RULER 4k, math 32k)
+                defaults["lengths"] = str(min(min(load_task(t).lengths) for t in chosen))
             config = config_from_mapping({**defaults, **{k: v for k, v in cli.items() if v is not None}}, "command line")
     except (EvalConfigError, ValueError) as error:
         raise fail(str(error), "see `locks eval run --help`") from None

@@ -94,6 +94,15 @@ class EvalConfig:
                 raise EvalConfigError(str(error)) from None
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise EvalConfigError(f"max_new_tokens must be >= 1 (got {self.max_new_tokens})")
+        for task in self.tasks:
+            spec = load_task(task)
+            generated = min(spec.max_new_tokens, self.max_new_tokens or spec.max_new_tokens)
+            short = [n for n in self.lengths if n <= generated]
+            if short:
+                raise EvalConfigError(
+                    f"task {task} generates up to {generated} tokens, so a context of {short[0]} tokens leaves no room "
+                    f"for its prompt; pass --lengths {','.join(map(str, spec.lengths))} (the task's own) or "
+                    f"--max-new-tokens below {short[0]}")
         for budget in self.budgets:
             try:
                 SelectionConfig(budget_tokens=budget, combine=self.combine)

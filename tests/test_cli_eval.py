@@ -153,3 +153,16 @@ def test_eval_run_defaults_to_every_task_of_the_suite_at_4k(monkeypatch):
     assert list(config.tasks) == list_tasks("ruler") and len(config.tasks) == 13
     assert config.lengths == (4096,) and str(config.out) == "runs/eval-ruler.jsonl"
     assert [a.label for a in config.arms] == ["fullkv", "quest"]
+
+
+def test_eval_run_of_a_long_generation_suite_defaults_to_its_own_length_and_refuses_a_short_one(tmp_path):
+    """MATH/AIME generate up to 32000 tokens: without --lengths the suite's own 32K applies (the run then stops
+    on the missing data file, with its hint); a 4K context is refused with the fix, never a traceback."""
+    default = runner.invoke(app, ["eval", "run", "--suite", "math", "--budgets", "64", "--data-dir", str(tmp_path)])
+    assert default.exit_code == 2 and "Traceback" not in default.output
+    text = " ".join(default.stderr.split())
+    assert "hint: put the task's JSONL file under --data-dir" in text and "leaves no room" not in text
+    short = runner.invoke(app, ["eval", "run", "--suite", "math", "--budgets", "64", "--lengths", "4k"])
+    text = " ".join(short.stderr.split())
+    assert short.exit_code == 2 and "generates up to 32000 tokens, so a context of 4096 tokens leaves no room" in text
+    assert "pass --lengths 32768 (the task's own)" in text and "Traceback" not in short.output
