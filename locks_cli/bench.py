@@ -286,6 +286,19 @@ def stop(
     typer.echo(stop_run(run, grace_s=grace))
 
 
+def _require_devices(arms, cpu_hint: str) -> None:
+    """Refuse, before any engine boots, arms whose device this machine lacks (a CUDA arm here would fall onto
+    vLLM's CPU platform and run for minutes measuring something else)."""
+    from ..harness.arms import get_arm
+
+    cuda = [name for name in arms if get_arm(name).device == "cuda"]
+    if cuda:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise fail(f"arm(s) {', '.join(cuda)} need a CUDA GPU and none is visible", f"run on the GPU machine; {cpu_hint}")
+
+
 @app.command("tp-check")
 def tp_check(
     tp: int = typer.Option(2, "--tp", help="Tensor parallel size compared with TP=1."),
@@ -317,6 +330,7 @@ def tp_check(
     if not sparse:
         raise fail(f"--arms {arms!r} must name a dense and a sparse arm", "e.g. --arms fa3,locks")
     try:
+        _require_devices((dense, sparse), "on the CPU compare --arms cpu,locks-cpu")
         code = tp_check_main(argv, print_record=as_json)
     except ConfigError as exc:
         raise fail(str(exc), "see `locks bench tp-check --help`") from None
@@ -380,6 +394,7 @@ def trace(
     from ..kernels.config import ConfigError
 
     try:
+        _require_devices((arm,), "on the CPU trace --arm cpu or --arm locks-cpu")
         tokens = parse_size(context)
         overrides = {"model": model, "arms": arm, "contexts": str(tokens), "batch_sizes": "1", "num_layers": layers,
                      "graph_mode": graph_mode, "gpu_memory_utilization": gpu_memory_utilization,

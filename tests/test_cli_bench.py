@@ -238,3 +238,20 @@ def test_closing_summary_orders_cells_keeps_the_newest_record_and_footnotes_ever
     assert [row[1] for row in rows] == ["fa3", "flashinfer", "locks b=2048"]
     assert rows[0][4] == "0.80×" and rows[2][4] == "1.20×"  # vs flashinfer's 7.2 ms, the faster dense arm
     assert render_decode_run([]) == render_decode_run(records[-1:]) == "_no decode records_\n"
+
+
+@pytest.mark.parametrize("args, hint", [
+    (["trace", "--arm", "fa3", "--context", "1k"], "trace --arm cpu"),
+    (["tp-check", "--arms", "fa3,locks"], "--arms cpu,locks-cpu"),
+])
+def test_gpu_only_commands_refuse_without_a_gpu_before_any_engine(monkeypatch, args, hint):
+    import torch
+
+    from locks_toolkit.harness import step_trace, tp_check
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for module, name in ((step_trace, "trace_arm"), (tp_check, "main")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("an engine path was entered"))
+    result = CliRunner().invoke(app, ["bench", *args])
+    text = " ".join(result.stderr.split())
+    assert result.exit_code == 2 and "need a CUDA GPU and none is visible" in text and hint in text
