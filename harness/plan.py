@@ -58,6 +58,9 @@ class DecodePlan:
     # From this context on, a cell pays one prefill: the clock ramp decodes on the measured requests and
     # TTFT is that prefill alone (at 512K one prefill is ~3 min, at 1M ~11 min on an H200). None: never.
     single_prefill_from: int | None = 262144
+    # Presets (dummy weights) only: let max_model_len pass the model's trained positions (a 1M rung needs 1M +
+    # decode room on GLM-4-9B-Chat-1M's 1048576); positions past it cost the same time. Recorded in the cell.
+    extend_positions: bool = False
     gpu_memory_utilization: float = 0.85
     kv_cache_memory_bytes: int | None = None
     max_num_batched_tokens: int = 16384
@@ -119,6 +122,7 @@ class DecodePlan:
         self._check_tensor_parallel()
         if self.single_prefill_from is not None and self.single_prefill_from < 1:
             raise ConfigError(f"single_prefill_from {self.single_prefill_from} must be a positive context (e.g. 256k) or null")
+        self._check_positions()
         for context in self.contexts:
             limit, room = self.max_model_len_for(context), self.decode_tokens_for(context)
             if context + room > limit:
@@ -126,6 +130,25 @@ class DecodePlan:
                     f"context {format_size(context)} ({context}) + {room} decode tokens "
                     f"exceeds max_model_len {limit}; pass --max-model-len {context + room} or a shorter ladder"
                 )
+
+    def _check_positions(self) -> None:
+        """Every engine's max_model_len within the model's trained positions, unless a preset opts out."""
+        preset = self.model in preset_names()
+        config = load_preset_config(self.model) if preset else read_model_dir_config(self.model)
+        trained = config.get("max_position_embeddings") or config.get("seq_length")
+        if trained is None:
+            return
+        if self.extend_positions and not preset:
+            raise ConfigError(f"extend_positions applies to presets (dummy weights) only; the real weights of "
+                              f"{self.model} were trained for {trained} positions")
+        for context in self.contexts:
+            need = self.max_model_len_for(context)
+            if need > trained and not self.extend_positions:
+                fix = ("pass --extend-positions (dummy weights: positions past the trained range cost the same "
+                       "time; the cell records it) or a shorter context" if preset else
+                       f"pass contexts up to {trained - self.decode_tokens_for(context)} tokens")
+                raise ConfigError(f"context {format_size(context)} needs max_model_len {need} (context + decode "
+                                  f"room), beyond the {trained} positions {self.model} was trained for; {fix}")
 
     def _check_tensor_parallel(self) -> None:
         """TP splits query and KV heads evenly over the ranks; vLLM would fail later and less clearly."""

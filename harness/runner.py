@@ -101,6 +101,7 @@ def cell_identity(plan: DecodePlan, arm: str, context: int, batch: int, budget: 
         **({"tensor_parallel_size": plan.tensor_parallel_size} if plan.tensor_parallel_size > 1 else {}),
         # Likewise only async cells carry this one (stored sync cells keep their identity).
         **({"async_scheduling": True} if plan.async_scheduling else {}),
+        **({"positions_extended": True} if plan.extend_positions else {}),
     }
 
 

@@ -73,6 +73,9 @@ def decode(
     single_prefill_from: Optional[str] = typer.Option(
         None, "--single-prefill-from", help="From this context on a cell pays one prefill (no warm-up prefill, TTFT = "
         "that prefill, no steady repeats); plan default 256k."),
+    extend_positions: Optional[bool] = typer.Option(
+        None, "--extend-positions/--trained-positions", help="Presets only: allow max_model_len past the model's "
+        "trained positions (dummy weights; recorded in the cell)."),
     detach: bool = typer.Option(False, "--detach", help="Run in the background, in its own session (survives the "
                                 "shell); follow it with `locks bench status OUT`, stop it with `locks bench stop OUT`."),
 ) -> None:
@@ -88,6 +91,7 @@ def decode(
         "summary_format": summary_format, "seed": seed, "require_nvml": require_nvml, "isolation": isolation,
         "peer_config": peer_config, "output": str(out) if out is not None else None,
         "tensor_parallel_size": tensor_parallel_size, "single_prefill_from": single_prefill_from,
+        "extend_positions": extend_positions,
     }
     try:
         plan = load_plan(plan_file, overrides)

@@ -180,3 +180,21 @@ def test_step_stats():
     assert stats["sd"] == pytest.approx(1.2909944, rel=1e-6)
     assert stats["tokens_per_s"] == pytest.approx(800.0)
     assert step_stats([], batch=1) == {"n": 0}
+
+
+def test_a_context_past_the_models_trained_positions_is_refused_unless_a_preset_opts_in(tmp_path):
+    """1M + decode room passes GLM-4-9B-Chat-1M's 1048576 positions: refused with the fix; with the opt-in the
+    plan runs and every cell says so. A model dir (real weights) cannot opt in."""
+    from locks_toolkit.harness.runner import plan_cells
+
+    with pytest.raises(ConfigError, match=r"context 1m needs max_model_len 1049040 .* beyond the 1048576 positions "
+                                          r"glm-4-9b-chat-1m was trained for; pass --extend-positions"):
+        load_plan(None, {"arms": "fa3", "contexts": "1m"})
+    plan = load_plan(None, {"arms": "fa3", "contexts": "512k,1m", "extend_positions": True})
+    assert all(c["positions_extended"] for g in plan_cells(plan) for c in g.cells.values())
+    assert "positions_extended" not in next(iter(plan_cells(load_plan(None, {"arms": "fa3"}))[0].cells.values()))
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    with pytest.raises(ConfigError, match="pass contexts up to 3838 tokens"):
+        load_plan(None, {"model": str(tmp_path), "arms": "fa3", "contexts": "4k"})
+    with pytest.raises(ConfigError, match="presets \\(dummy weights\\) only"):
+        load_plan(None, {"model": str(tmp_path), "arms": "fa3", "contexts": "1k", "extend_positions": True})
