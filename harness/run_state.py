@@ -180,6 +180,8 @@ class RunStatus:
             self._phase, self._phase_started = payload["phase"], now
             detail = {k: payload[k] for k in ("batch", "index", "of") if k in payload}
             self.data["current"].update(phase=payload["phase"], phase_detail=detail, phase_since=now)
+            if "pid" in payload:
+                self.data["current"]["engine_pid"] = payload["pid"]
         elif kind == "record":
             self.data["cells_done"] += 1
             status = payload.get("status", "?")

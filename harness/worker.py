@@ -147,7 +147,7 @@ def phase_message(phase: str, **detail) -> dict:
 def run_job(job: EngineJob, emit) -> None:
     from .session import EngineSession
 
-    emit(phase_message("boot"))
+    emit(phase_message("boot", pid=os.getpid()))
     try:
         session = EngineSession(job.plan, job.arm, job.model_dir, job.dummy_weights, job.knobs, job.vocab_size,
                                 max_model_len=job.plan.max_model_len_for(job.context))

@@ -145,3 +145,27 @@ def test_time_left_comes_from_this_runs_own_boots_and_prefills(tmp_path, monkeyp
     assert status.data["eta_s"] == pytest.approx(10 + 2 * 8 + 6)
     event("phase", 4, phase="boot")
     assert status.data["eta_s"] == pytest.approx(10 + 2 * 8 + 6 - 4)  # the current job's time is counted
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_an_engine_killed_mid_cell_is_recorded_with_its_signal_and_the_rerun_retries_it(tmp_path):
+    """SIGKILL of the engine process (the host OOM killer's way) while a window is timed: the cell becomes an
+    `error` record naming the signal, the ladder goes on to the next engine, and the same command retries
+    only that cell."""
+    store = tmp_path / "bench.jsonl"
+    args = ["bench", "decode", SMOKE, "--contexts", "128,256", "--batch", "1", "--out", str(store)]
+    launcher = subprocess.run(CLI + args + ["--detach"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert launcher.returncode == 0, launcher.stderr
+    state = _wait(store, lambda s: (s.get("current") or {}).get("phase") == "window" and s["alive"])
+    assert state["current"]["context"] == 128
+    os.kill(state["current"]["engine_pid"], signal.SIGKILL)
+    state = _wait(store, lambda s: s["state"] == "finished")
+    records = read_records(store)
+    assert [(r["cell"]["context_tokens"], r["status"]) for r in records] == [(128, "error"), (256, "ok")]
+    assert "signal 9" in records[0]["reason"] and state["statuses"] == {"error": 1, "ok": 1}
+    again = CliRunner().invoke(app, args + ["--json"])
+    assert again.exit_code == 0, again.output
+    assert "resumed: 1 cell(s)" in again.stderr  # the ok cell; the error cell ran again
+    assert [(r["cell"]["context_tokens"], r["status"]) for r in read_records(store)] == [
+        (128, "error"), (256, "ok"), (128, "ok")]
