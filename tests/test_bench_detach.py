@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from locks_toolkit.harness.plan import default_plan_path
-from locks_toolkit.harness.run_state import RunStatus, StoreLock, read_status, run_dir, store_is_locked
+from locks_toolkit.harness.run_state import RunStatus, StoreLock, read_status, run_dir, stop_run, store_is_locked
 from locks_toolkit.harness.store import cell_key, read_records
 from locks_toolkit.locks_cli.main import app
 
@@ -26,27 +26,37 @@ def _status(store) -> dict:
     return json.loads(result.stdout)
 
 
-def _wait(store, predicate, timeout_s=240.0) -> dict:
+@pytest.fixture
+def stop_left_runs():
+    """Stores whose detached run must not outlive a failing test (it would slow every test after it)."""
+    stores = []
+    yield stores.append
+    for store in stores:
+        stop_run(store, grace_s=2.0)
+
+
+def _wait(store, predicate, timeout_s=300.0, poll_s=0.5) -> dict:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         state = read_status(store)
         if state is not None and predicate(state):
             return state
-        time.sleep(0.5)
+        time.sleep(poll_s)
     raise AssertionError(f"timed out; last status {read_status(store)}; log:\n"
                          f"{(run_dir(store) / 'log.txt').read_text(errors='replace')[-3000:]}")
 
 
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
-def test_a_detached_run_survives_its_launcher_is_stopped_and_resumes(tmp_path):
+def test_a_detached_run_survives_its_launcher_is_stopped_and_resumes(tmp_path, stop_left_runs):
     store = tmp_path / "bench.jsonl"
+    stop_left_runs(store)
     args = ["bench", "decode", SMOKE, "--contexts", "128,256", "--batch", "1", "--out", str(store)]
     # The launcher runs like a shell's job: its own process group, which is SIGKILLed (a dropped shell) as
     # soon as the run has taken the store.
     launcher = subprocess.Popen(CLI + args + ["--detach"], cwd=tmp_path, start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    state = _wait(store, lambda s: s["alive"], timeout_s=60)
+    state = _wait(store, lambda s: s["alive"])  # a fresh venv's first torch + vLLM import is slow
     try:
         os.killpg(launcher.pid, signal.SIGKILL)
     except ProcessLookupError:
@@ -55,7 +65,7 @@ def test_a_detached_run_survives_its_launcher_is_stopped_and_resumes(tmp_path):
     run_pid = state["pid"]
     assert run_pid != launcher.pid and os.getpgid(run_pid) == run_pid  # a session of its own
 
-    state = _wait(store, lambda s: s["cells_done"] >= 1 and s["alive"])
+    state = _wait(store, lambda s: s["cells_done"] >= 1 and s["alive"] and (s.get("current") or {}).get("context") == 256)
     shown = _status(store)
     assert shown["alive"] and shown["cells_total"] == 2 and shown["state"] == "running"
     assert [r["cell"]["context_tokens"] for r in shown["records"]] == [128]
@@ -149,15 +159,18 @@ def test_time_left_comes_from_this_runs_own_boots_and_prefills(tmp_path, monkeyp
 
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
-def test_an_engine_killed_mid_cell_is_recorded_with_its_signal_and_the_rerun_retries_it(tmp_path):
+def test_an_engine_killed_mid_cell_is_recorded_with_its_signal_and_the_rerun_retries_it(tmp_path, stop_left_runs):
     """SIGKILL of the engine process (the host OOM killer's way) while a window is timed: the cell becomes an
     `error` record naming the signal, the ladder goes on to the next engine, and the same command retries
     only that cell."""
     store = tmp_path / "bench.jsonl"
-    args = ["bench", "decode", SMOKE, "--contexts", "128,256", "--batch", "1", "--out", str(store)]
-    launcher = subprocess.run(CLI + args + ["--detach"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    # 3 windows of 300 steps: seconds of timed decode on the tiny model, long enough to be caught in a window
+    args = ["bench", "decode", SMOKE, "--contexts", "128,256", "--batch", "1", "--windows", "3", "--steps", "300",
+            "--max-model-len", "2048", "--out", str(store)]
+    stop_left_runs(store)
+    launcher = subprocess.run(CLI + args + ["--detach"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert launcher.returncode == 0, launcher.stderr
-    state = _wait(store, lambda s: (s.get("current") or {}).get("phase") == "window" and s["alive"])
+    state = _wait(store, lambda s: (s.get("current") or {}).get("phase") == "window" and s["alive"], poll_s=0.05)
     assert state["current"]["context"] == 128
     os.kill(state["current"]["engine_pid"], signal.SIGKILL)
     state = _wait(store, lambda s: s["state"] == "finished")
