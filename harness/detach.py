@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from .plan import DecodePlan
-from .run_state import read_status_file, run_dir, store_is_locked
+from .run_state import RunBusy, read_status_file, run_dir, store_is_locked
 
 # Set in the detached child: the command the user typed (for records) and "no live terminal view".
 COMMAND_ENV = "LOCKS_RUN_COMMAND"
@@ -41,9 +41,7 @@ def launch(plan: DecodePlan, command: str, wait_s: float = 60.0) -> tuple[int, P
     """Start the plan detached; returns (pid, run folder) once the child holds the store, or raises."""
     store = Path(plan.output)
     if store_is_locked(store):
-        holder = read_status_file(store) or {}
-        raise DetachError(f"another run (pid {holder.get('pid', '?')}) is writing to {store}",
-                          f"follow it with `locks bench status {store}` or stop it with `locks bench stop {store}`")
+        raise RunBusy(store, read_status_file(store))
     folder = run_dir(store)
     folder.mkdir(parents=True, exist_ok=True)
     plan_file = folder / "plan.yaml"

@@ -109,13 +109,14 @@ def decode(
 def _launch_detached(plan) -> None:
     from ..harness.detach import DetachError, launch
     from ..harness.provenance import reproduce_command
+    from ..harness.run_state import RunBusy
     from ..harness.runner import HarnessError, preflight
 
     try:
         preflight(plan)  # a setup error shows here, not in a log nobody reads
         command = reproduce_command([arg for arg in sys.argv if arg != "--detach"])
         pid, folder = launch(plan, command)
-    except (HarnessError, DetachError) as exc:
+    except (HarnessError, DetachError, RunBusy) as exc:
         raise fail(str(exc), exc.hint) from None
     _stderr.print(f"detached run pid {pid}: state and logs in {folder}/")
     typer.echo(f"locks bench status {plan.output}")
