@@ -28,6 +28,9 @@ GRAPH_MODES: dict[str, tuple[dict, bool]] = {
 }
 
 
+BATCH_PREFILL_MODES = ("per_batch", "once")
+
+
 @dataclass(frozen=True)
 class DecodePlan:
     """All knobs of a decode ladder. Sizes are tokens; `max_model_len=None` means derived."""
@@ -61,6 +64,11 @@ class DecodePlan:
     # Presets (dummy weights) only: let max_model_len pass the model's trained positions (a 1M rung needs 1M +
     # decode room on GLM-4-9B-Chat-1M's 1048576); positions past it cost the same time. Recorded in the cell.
     extend_positions: bool = False
+    # "per_batch": every batch size gets its own prefill. "once": each engine prefills only the largest batch
+    # that fits and measures the smaller ones on the first b of those requests (the rest aborted), largest
+    # first, so a batch grid pays one prefill per engine; a smaller batch's requests carry the tokens decoded
+    # by the cells before it (the record's `decoded_before_tokens`).
+    batch_prefill: str = "per_batch"
     gpu_memory_utilization: float = 0.85
     kv_cache_memory_bytes: int | None = None
     max_num_batched_tokens: int = 16384
@@ -98,6 +106,8 @@ class DecodePlan:
         if self.async_scheduling and cpu_arms:
             raise ConfigError(f"arms {', '.join(cpu_arms)} run on vLLM's CPU platform, which always schedules "
                               "synchronously; drop --async-scheduling (async_scheduling: false) for them")
+        if self.batch_prefill not in BATCH_PREFILL_MODES:
+            raise ConfigError(f"batch_prefill {self.batch_prefill!r} unknown; use one of {', '.join(BATCH_PREFILL_MODES)}")
         if self.isolation not in ("process", "inline"):
             raise ConfigError(f"isolation {self.isolation!r} unknown; use process or inline")
         if self.silence_timeout_s <= 0:
@@ -169,17 +179,32 @@ class DecodePlan:
                 )
 
     @property
+    def cell_decode_steps(self) -> int:
+        """Decode steps one cell runs on its requests after the prefill (and the ramp): settle + windows."""
+        return self.settle_steps + self.windows * (self.lead_steps + self.steps_per_window)
+
+    @property
     def decode_tokens_per_request(self) -> int:
         """Tokens one request may generate: the longer of the ramp and the timed windows, plus margins."""
-        timed = self.settle_steps + self.windows * (self.lead_steps + self.steps_per_window)
-        return max(self.ramp_max_steps, timed) + 2
+        return max(self.ramp_max_steps, self.cell_decode_steps) + 2
 
     def decode_tokens_for(self, context: int) -> int:
         """Tokens one request may generate at `context`: at a single-prefill context the clock ramp and the
-        timed windows run on the same requests."""
+        timed windows run on the same requests; with batch_prefill once the last survivors decode through
+        every cell of the engine."""
+        if self.batch_prefill == "once":
+            return self.decode_tokens_held(context, len(self.batch_sizes) - 1)
         if not self.single_prefill(context):
             return self.decode_tokens_per_request
-        return self.ramp_max_steps + self.settle_steps + self.windows * (self.lead_steps + self.steps_per_window) + 2
+        return self.ramp_max_steps + self.cell_decode_steps + 2
+
+    def decode_tokens_held(self, context: int, cells_before: int) -> int:
+        """batch_prefill once: the most tokens a request has decoded by the end of the cell that follows
+        `cells_before` cells on the same requests (the warm-up ramp of a full-protocol context runs on
+        its own requests, so only a single-prefill context's ramp counts)."""
+        ramp = self.ramp_max_steps if self.single_prefill(context) else 0
+        held = ramp + (cells_before + 1) * self.cell_decode_steps + 2
+        return held if self.single_prefill(context) else max(held, self.ramp_max_steps + 2)
 
     @property
     def lead_steps(self) -> int:

@@ -102,6 +102,8 @@ def cell_identity(plan: DecodePlan, arm: str, context: int, batch: int, budget: 
         # Likewise only async cells carry this one (stored sync cells keep their identity).
         **({"async_scheduling": True} if plan.async_scheduling else {}),
         **({"positions_extended": True} if plan.extend_positions else {}),
+        # A batch measured on the survivors of a larger batch's prefill is another protocol, so another cell.
+        **({"batch_prefill": plan.batch_prefill} if plan.batch_prefill != "per_batch" else {}),
     }
 
 

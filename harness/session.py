@@ -113,9 +113,11 @@ class EngineSession:
     def block_size(self) -> int:
         return self.engine.vllm_config.cache_config.block_size
 
-    def blocks_needed(self, batch: int, context: int) -> int:
-        per_request = -(-(context + self.plan.decode_tokens_for(context)) // self.block_size)
-        return batch * per_request
+    def blocks_needed(self, batch: int, context: int, decoded: int | None = None) -> int:
+        """KV blocks `batch` requests of `context` tokens hold once each has decoded `decoded` tokens (default:
+        all the decode room of the plan)."""
+        decoded = self.plan.decode_tokens_for(context) if decoded is None else decoded
+        return batch * -(-(context + decoded) // self.block_size)
 
     def _on_every_rank(self, func, *args) -> list | None:
         """`func(worker, *args)` on every TP rank (harness/ranks.py), in rank order; None if the RPC fails."""
@@ -202,9 +204,13 @@ class EngineSession:
                 break
         return log_
 
-    def abort(self, request_ids: list[str]) -> None:
-        """Abort (never finish) the requests, so end-of-sequence effects never enter the numbers."""
+    def abort(self, request_ids: list[str], drain: bool = True) -> None:
+        """Abort (never finish) the requests, so end-of-sequence effects never enter the numbers. drain: step
+        until nothing is left so the scheduler releases the blocks; off when other requests stay live (their
+        own settle steps let the scheduler drop the aborted ones)."""
         self.engine.abort_request(list(request_ids))
+        if not drain:
+            return
         for _ in range(4):  # let the scheduler release the blocks before the next measurement
             if not self.engine.has_unfinished_requests():
                 return

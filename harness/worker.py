@@ -194,6 +194,10 @@ def _run_session(session, job: EngineJob, emit) -> None:
         return
     emit({"type": "engine", "info": info})
     sm_max = {key: (info_ or {}).get("sm_clock_max_mhz") for key, info_ in gpus.items()}
+    if job.plan.batch_prefill == "once":
+        _run_prefill_once(session, job, emit, sm_max, weights)
+        emit({"type": "done"})
+        return
     frontier: int | None = None
     for index, batch in enumerate(job.batch_sizes):
         if frontier is not None:
@@ -223,6 +227,67 @@ def _run_session(session, job: EngineJob, emit) -> None:
             return  # the engine state is unknown after an error; the parent marks the rest
         emit({"type": "cell", "batch": batch, **result})
     emit({"type": "done"})
+
+
+def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, weights: dict | None) -> None:
+    """batch_prefill once: prefill the largest batch that fits, measure it, then keep the first b requests
+    for each smaller batch (largest first) and measure again; one prefill per engine.
+
+    A batch fits when its requests, with everything they will have decoded by the end of its cell, fit in
+    the engine's KV blocks; batches that do not are oom records without a prefill."""
+    from .session import EngineStall
+
+    plan = job.plan
+    single = plan.single_prefill(job.context)
+    have = session.num_kv_blocks
+    fitting: list[int] = []
+    for batch in sorted(job.batch_sizes, reverse=True):
+        need = session.blocks_needed(batch, job.context, plan.decode_tokens_held(job.context, len(fitting)))
+        if have is not None and need > have:
+            emit({"type": "cell", "batch": batch, "status": "oom",
+                  "reason": f"needs {need} KV blocks, the engine has {have}"})
+        else:
+            fitting.append(batch)
+    while fitting:  # a prefill that stalls under KV pressure hands the prefill to the next smaller batch
+        largest = fitting[0]
+        try:
+            pre, prefill_counters = _prefill(session, job, largest, emit)
+            break
+        except EngineStall as exc:
+            emit({"type": "cell", "batch": fitting.pop(0), "status": "oom", "reason": f"KV pressure: {exc}"})
+    if not fitting:
+        return
+    ids, decoded = list(pre.request_ids), 0
+    for index, batch in enumerate(fitting):
+        if index:
+            session.abort(ids[batch:], drain=False)  # the settle steps below let the scheduler drop them
+            ids = ids[:batch]
+        try:
+            result, steps = measure_live(session, job, batch, ids, sm_max, weights, ramp=single and index == 0,
+                                         emit=emit, decoded_before=decoded)
+        except Exception as exc:  # noqa: BLE001 - the shared requests' state is unknown; the parent marks the rest
+            emit({"type": "cell", "batch": batch, "status": "oom" if is_oom(exc) else "error",
+                  "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            return
+        decoded += steps
+        last = index == len(fitting) - 1
+        if last:
+            session.abort(ids)
+        result["prefill"] = ({"ttft_ms": pre.ttft_ms, "step_ms": pre.step_ms, "batch_size": batch,
+                              "counters": prefill_counters} if index == 0 else
+                             {"ttft_ms": None, "step_ms": [], "batch_size": largest, "counters": None})
+        result["prefills"] = {
+            "mode": "once", "count": 1 if index == 0 else 0, "prefilled_batch": largest,
+            "from_context": plan.single_prefill_from,
+            "why": (f"batch_prefill once: one prefill of batch {largest} per engine; this batch keeps the first "
+                    f"{batch} of its requests, which had decoded {result['decoded_before_tokens']} tokens before "
+                    "this cell's settle steps"),
+        }
+        # TTFT: a single-prefill context's is the one prefill (the first cell); else the batch-1 repeats run
+        # once nothing else is live, after the smallest batch.
+        with_ttft = job.measure_ttft and (index == 0 if single else last)
+        _add_ttft(result, session, job, pre, largest, prefill_counters, with_ttft, emit)
+        emit({"type": "cell", "batch": batch, **result})
 
 
 def _devices(job: EngineJob) -> list[int | str] | None:
@@ -283,17 +348,49 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
     summed over TP ranks and every GPU is sampled: a window is clean only if every GPU was.
     Returns the status, reason and measurement fields of a record (names of reports/schemas.py).
     """
+    emit = emit or (lambda message: None)
+    pre, prefill_counters = _prefill(session, job, batch, emit)
+    result, _ = measure_live(session, job, batch, pre.request_ids, sm_max, weights, ramp=ramp, emit=emit)
+    session.abort(pre.request_ids)
+    result["prefill"] = {"ttft_ms": pre.ttft_ms, "step_ms": pre.step_ms, "batch_size": batch, "counters": prefill_counters}
+    result["prefills"] = _prefill_plan(job, with_ttft)
+    _add_ttft(result, session, job, pre, batch, prefill_counters, with_ttft, emit)
+    return result
+
+
+def _prefill(session, job: EngineJob, batch: int, emit):
+    """`batch` fresh requests prefilled; (their PrefillLog, the backend counters the prefill moved)."""
+    emit(phase_message("prefill", batch=batch))
+    before = session.read_counters()
+    pre = session.prefill(batch, job.context, "measure")
+    return pre, _delta(before, session.read_counters())
+
+
+def _add_ttft(result: dict, session, job: EngineJob, pre, batch: int, prefill_counters, with_ttft: bool, emit) -> None:
+    """TTFT fields of a cell: at a single-prefill context its own prefill, else the repeats (batch 1)."""
+    result.update(ttft_ms=None, build_ms=None, build_method=None)
+    if with_ttft and job.plan.single_prefill(job.context):
+        result["ttft_ms"] = single_prefill_ttft(pre, batch, prefill_counters)
+        result["build_method"] = ("not estimated: a single-prefill context has no steady repeats; the prefill's "
+                                  "backend counters are in ttft_ms.build_counters" if job.budget is not None
+                                  else "dense arm: no summaries to build")
+    elif with_ttft:
+        result["ttft_ms"] = measure_ttft(session, job, emit)
+        result["build_ms"], result["build_method"] = build_estimate(result["ttft_ms"], sparse=job.budget is not None)
+
+
+def measure_live(session, job: EngineJob, batch: int, request_ids: list[str], sm_max: dict, weights: dict | None,
+                 ramp: bool = False, emit=None, decoded_before: int = 0) -> tuple[dict, int]:
+    """[Clock ramp,] settle and the timed windows on `batch` live requests that have already decoded
+    `decoded_before` tokens; (the cell's status and measurement fields, decode steps this ran)."""
     plan, arm = job.plan, get_arm(job.arm)
     emit = emit or (lambda message: None)
-    emit(phase_message("prefill", batch=batch))
-    before_prefill = session.read_counters()
-    pre = session.prefill(batch, job.context, "measure")
-    prefill_counters = _delta(before_prefill, session.read_counters())
     ramp_log = None
     if ramp:
         emit(phase_message("clock ramp", batch=batch))
-        ramp_log = _ramp(session, job, pre.request_ids)
-    settle = session.decode(pre.request_ids, plan.settle_steps) if plan.settle_steps else None
+        ramp_log = _ramp(session, job, request_ids)
+    ramp_steps = ramp_log["ramp_steps"] if ramp_log else 0
+    settle = session.decode(request_ids, plan.settle_steps) if plan.settle_steps else None
     windows, verdicts, deployed = [], [], []
     devices = _devices(job)
     counters_start = session.read_counters()
@@ -301,7 +398,7 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
         emit(phase_message("window", batch=batch, index=window + 1, of=plan.windows))
         before = session.read_counters()
         with nvml.ThrottleSampler(devices=devices) as sampler:
-            log_ = session.decode(pre.request_ids, plan.lead_steps + plan.steps_per_window).after(plan.lead_steps)
+            log_ = session.decode(request_ids, plan.lead_steps + plan.steps_per_window).after(plan.lead_steps)
         after = session.read_counters()
         lockstep = guards.check_lockstep(log_.step_tokens, log_.step_requests, batch)
         throttle = guards.check_throttle_devices(sampler.by_device, sm_max, plan.clock_sag_threshold)
@@ -314,11 +411,10 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
         deployed.append(dep)
         windows.append(_window_record(log_, sampler, lockstep, throttle, dep, verdict))
     counters_end = session.read_counters()
-    session.abort(pre.request_ids)
     status, reason = guards.judge_cell(verdicts, deployed)
     clean_ms = [ms for w in windows if w["clean"] for ms in w["step_ms"]]
     tpot = step_stats(clean_ms, batch)
-    traffic = _bytes(job, batch, weights)
+    traffic = _bytes(job, batch, weights, decoded_before + ramp_steps)
     result = {
         "status": status,
         "reason": reason,
@@ -326,10 +422,9 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
         "tpot_all_windows_ms": step_stats([ms for w in windows for ms in w["step_ms"]], batch),
         "throughput_tok_s": tpot.get("tokens_per_s"),
         "windows": windows,
-        "prefill": {"ttft_ms": pre.ttft_ms, "step_ms": pre.step_ms, "batch_size": batch, "counters": prefill_counters},
-        "prefills": _prefill_plan(job, with_ttft),
         "ramp": ramp_log,
         "settle_ms": settle.step_ms if settle else [],
+        "decoded_before_tokens": decoded_before + ramp_steps,
         "bytes_per_step": traffic,
         "floor_ms": traffic["floor_ms"],
         "step_floor_ms": traffic["step_floor_ms"],
@@ -346,19 +441,9 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
             "clean_windows": sum(v.clean for v in verdicts),
             "windows": len(verdicts),
         },
-        "ttft_ms": None,
-        "build_ms": None,
-        "build_method": None,
     }
-    if with_ttft and plan.single_prefill(job.context):
-        result["ttft_ms"] = single_prefill_ttft(pre, batch, prefill_counters)
-        result["build_method"] = ("not estimated: a single-prefill context has no steady repeats; the prefill's "
-                                  "backend counters are in ttft_ms.build_counters" if job.budget is not None
-                                  else "dense arm: no summaries to build")
-    elif with_ttft:
-        result["ttft_ms"] = measure_ttft(session, job, emit)
-        result["build_ms"], result["build_method"] = build_estimate(result["ttft_ms"], sparse=job.budget is not None)
-    return result
+    steps = ramp_steps + (len(settle.step_ms) if settle else 0) + plan.windows * (plan.lead_steps + plan.steps_per_window)
+    return result, steps
 
 
 def _prefill_plan(job: EngineJob, with_ttft: bool) -> dict:
@@ -481,11 +566,12 @@ def _delta(start: dict | None, end: dict | None) -> dict | None:
     return {key: end[key] - start.get(key, 0) for key in end if isinstance(end[key], (int, float))}
 
 
-def _bytes(job: EngineJob, batch: int, weights: dict | None) -> dict:
-    """Bytes per decode step at the live length mid-measurement: attention ({dense, locks}), weights, and
-    the floors: floor_ms of the attention bytes alone, step_floor_ms of weights + attention bytes."""
+def _bytes(job: EngineJob, batch: int, weights: dict | None, decoded_before: int = 0) -> dict:
+    """Bytes per decode step at the live length mid-measurement (the prompt, the tokens decoded before the
+    cell, settle and half the windows): attention ({dense, locks}), weights, and the floors: floor_ms of
+    the attention bytes alone, step_floor_ms of weights + attention bytes."""
     plan = job.plan
-    live = job.context + plan.settle_steps + plan.windows * plan.steps_per_window // 2
+    live = job.context + decoded_before + plan.settle_steps + plan.windows * plan.steps_per_window // 2
     tokens = [live] * batch
     dense = dense_bytes_per_step(job.geometry, tokens)
     out = {"dense": dense, "locks": None, "live_tokens": live, "bandwidth_bytes_per_s": plan.hbm_bytes_per_s}

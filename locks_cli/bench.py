@@ -76,6 +76,9 @@ def decode(
     extend_positions: Optional[bool] = typer.Option(
         None, "--extend-positions/--trained-positions", help="Presets only: allow max_model_len past the model's "
         "trained positions (dummy weights; recorded in the cell)."),
+    batch_prefill: Optional[str] = typer.Option(
+        None, "--batch-prefill", help="per_batch (each batch size its own prefill) or once (one prefill of the "
+        "largest batch that fits; smaller batches keep the first b of its requests, largest first)."),
     detach: bool = typer.Option(False, "--detach", help="Run in the background, in its own session (survives the "
                                 "shell); follow it with `locks bench status OUT`, stop it with `locks bench stop OUT`."),
 ) -> None:
@@ -91,7 +94,7 @@ def decode(
         "summary_format": summary_format, "seed": seed, "require_nvml": require_nvml, "isolation": isolation,
         "peer_config": peer_config, "output": str(out) if out is not None else None,
         "tensor_parallel_size": tensor_parallel_size, "single_prefill_from": single_prefill_from,
-        "extend_positions": extend_positions,
+        "extend_positions": extend_positions, "batch_prefill": batch_prefill,
     }
     try:
         plan = load_plan(plan_file, overrides)
@@ -135,6 +138,8 @@ def _dry_run(plan, as_json: bool) -> None:
     for cell in cells:
         mark = "stored" if cell["stored"] else "todo"
         prefills = "1 prefill" if plan.single_prefill(cell["context_tokens"]) else "full protocol"
+        if plan.batch_prefill == "once":
+            prefills += ", one prefill shared by the batches"
         typer.echo(f"{mark:6} {cell['arm']:10} {cell['workload']:>12} budget={cell['budget_tokens']} "
                    f"max_model_len={cell['max_model_len']} ({prefills})")
 

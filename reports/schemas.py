@@ -14,7 +14,9 @@ Measurements (absent or null fields render as an em dash; a record that is not `
 
 locks.bench.decode/1  (one per (arm, model, context, batch) session)
     cell          {arm, backend, model, num_layers, context_tokens, batch_size, budget_tokens
-                   (null for dense arms), graph_mode, async_scheduling (absent: off), dummy_weights, workload}
+                   (null for dense arms), graph_mode, async_scheduling (absent: off), batch_prefill (absent:
+                   per_batch; "once": the batches of an engine share one prefill), dummy_weights, workload}
+    decoded_before_tokens  tokens each request decoded before this cell's settle steps (ramp, earlier cells)
     tpot_ms       {mean, sd, p50, p99, n, cv}    over clean windows (cv = sd/mean; derived when absent)
     windows       [{step_ms[], lockstep_ok, clean, discard_reason,
                     throttle{available, ok, reasons_seen[], sm_clock_min_mhz, sm_clock_max_mhz}}]

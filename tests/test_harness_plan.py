@@ -198,3 +198,14 @@ def test_a_context_past_the_models_trained_positions_is_refused_unless_a_preset_
         load_plan(None, {"model": str(tmp_path), "arms": "fa3", "contexts": "4k"})
     with pytest.raises(ConfigError, match="presets \\(dummy weights\\) only"):
         load_plan(None, {"model": str(tmp_path), "arms": "fa3", "contexts": "1k", "extend_positions": True})
+
+
+def test_batch_prefill_mode_is_checked_and_sizes_the_engine_for_the_survivors():
+    with pytest.raises(ConfigError, match="batch_prefill 'shared' unknown; use one of per_batch, once"):
+        load_plan(None, {"batch_prefill": "shared"})
+    per_batch = load_plan(None, {"contexts": "32k", "batch_sizes": "1,2,4"})
+    once = load_plan(None, {"contexts": "32k", "batch_sizes": "1,2,4", "batch_prefill": "once"})
+    # the batch-1 survivor decodes through three cells; per_batch requests through one
+    assert once.decode_tokens_for(32768) == 3 * once.cell_decode_steps + 2
+    assert per_batch.decode_tokens_for(32768) == max(per_batch.ramp_max_steps, per_batch.cell_decode_steps) + 2
+    assert once.max_model_len_for(32768) > per_batch.max_model_len_for(32768)

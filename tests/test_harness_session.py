@@ -76,6 +76,27 @@ def test_cli_runs_the_cpu_engine_then_resumes(tmp_path, monkeypatch):
     assert len(read_records(out)) == 2  # nothing recomputed, nothing appended
 
 
+def test_batch_prefill_once_measures_every_batch_on_one_prefill_of_the_real_engine(tmp_path):
+    """The real scheduler drops requests aborted without draining before the survivors' windows: every
+    window step emits exactly `batch` tokens from the survivors, and only the largest batch was prefilled."""
+    out = tmp_path / "once.jsonl"
+    args = ["bench", "decode", SMOKE, "--contexts", "256", "--batch", "1,2,4", "--batch-prefill", "once",
+            "--out", str(out), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)
+    plan = load_plan(SMOKE, {"batch_prefill": "once"})
+    assert [(r["cell"]["batch_size"], r["status"]) for r in records] == [(4, "ok"), (2, "ok"), (1, "ok")], records
+    assert [r["prefills"]["count"] for r in records] == [1, 0, 0]
+    assert [r["decoded_before_tokens"] for r in records] == [0, plan.cell_decode_steps, 2 * plan.cell_decode_steps]
+    for record in records:
+        batch = record["cell"]["batch_size"]
+        assert record["cell"]["batch_prefill"] == "once" and record["guards"]["lockstep"] == "pass"
+        assert all(w["step_tokens"] == [batch] * plan.steps_per_window for w in record["windows"])
+    assert records[0]["prefill"]["batch_size"] == 4 and records[0]["prefill"]["ttft_ms"] > 0
+    assert records[2]["ttft_ms"]["n"] == plan.ttft_repeats  # batch-1 repeats once nothing else is live
+
+
 def test_lockstep_fires_on_a_real_shrinking_batch(monkeypatch):
     from locks_toolkit.harness.presets import materialize_model
     from locks_toolkit.harness.worker import EngineJob, job_environment

@@ -39,6 +39,7 @@ class ScriptedSession:
         self.arm = arm
         self.steps = 0
         self.live: list[str] = []
+        self.aborted: list[tuple[int, bool]] = []  # (requests, drain) of every abort, in order
         self.ttfts = list(self.ttft_script or [])
         self.prefills: list[tuple[str, int]] = []  # (tag, batch) of every prefill, in order
         ScriptedSession.last = self
@@ -55,13 +56,14 @@ class ScriptedSession:
     def read_counters(self):  # one rank, in this process
         return ARMS[self.arm].read_counters()
 
-    def blocks_needed(self, batch, context):
-        return batch * -(-(context + self.plan.decode_tokens_for(context)) // self.block_size)
+    def blocks_needed(self, batch, context, decoded=None):
+        decoded = self.plan.decode_tokens_for(context) if decoded is None else decoded
+        return batch * -(-(context + decoded) // self.block_size)
 
     def prefill(self, batch, context, tag):
         if tag == "measure" and self.measure_error is not None:
             raise self.measure_error
-        self.live = [f"{tag}-{i}" for i in range(batch)]
+        self.live = [f"{tag}-{len(self.prefills)}-{i}" for i in range(batch)]
         self.prefills.append((tag, batch))
         COUNTS["summaries_built"] += batch * (context // 16)  # as our backend: every prefill builds its pages
         if tag.startswith("ttft") and self.ttfts:
@@ -74,7 +76,8 @@ class ScriptedSession:
         log = DecodeLog()
         for index in range(steps):
             self.steps += 1
-            running = len(request_ids) - (1 if self.shrink_at_step and self.steps >= self.shrink_at_step else 0)
+            live = sum(request_id in self.live for request_id in request_ids)  # an aborted request emits nothing
+            running = live - (1 if self.shrink_at_step and self.steps >= self.shrink_at_step else 0)
             fallback = self.fallback_at_step is not None and self.steps >= self.fallback_at_step
             COUNTS["dense_fallback_rows" if fallback else "sparse_decode_rows"] += running
             short = index == 0 and self.first_step_ms is not None
@@ -85,8 +88,9 @@ class ScriptedSession:
                 break
         return log
 
-    def abort(self, request_ids):
-        self.live = []
+    def abort(self, request_ids, drain=True):
+        self.aborted.append((len(request_ids), drain))
+        self.live = [request_id for request_id in self.live if request_id not in set(request_ids)]
 
 
 @pytest.fixture
@@ -106,8 +110,10 @@ def scripted(monkeypatch):
     return ScriptedSession
 
 
-def _job(arm, batches, budget=None, context=4096, async_scheduling=False, single_prefill_from=None):
-    plan = load_plan(None, {"single_prefill_from": single_prefill_from,"model": "glm-4-9b-chat-1m", "arms": "fa3" if async_scheduling else "cpu", "contexts": context,
+def _job(arm, batches, budget=None, context=4096, async_scheduling=False, single_prefill_from=None,
+         batch_prefill="per_batch"):
+    plan = load_plan(None, {"single_prefill_from": single_prefill_from, "batch_prefill": batch_prefill,
+                            "model": "glm-4-9b-chat-1m", "arms": "fa3" if async_scheduling else "cpu", "contexts": context,
                             "batch_sizes": batches, "windows": 3, "steps_per_window": 8, "ramp_min_steps": 2,
                             "ramp_max_steps": 4, "ttft_repeats": 3, "async_scheduling": async_scheduling})
     config = load_preset_config("glm-4-9b-chat-1m")
@@ -291,3 +297,66 @@ def test_below_the_single_prefill_context_the_full_protocol_runs(scripted):
     assert cell["ttft_ms"]["method"] == "repeats" and len(cell["ttft_ms"]["build_counters_each"]) == 3
     assert [p["phase"] for p in phases][:3] == ["boot", "warm-up prefill", "clock ramp"]
     assert [p.get("index") for p in phases if p["phase"] == "ttft"] == [0, 1, 2, 3]
+
+
+def test_batch_prefill_once_prefills_the_largest_fitting_batch_and_measures_the_rest_on_its_requests(scripted, monkeypatch):
+    """One prefill per engine: batch 8 does not fit, 4 is prefilled and measured, then 2 and 1 keep the first
+    requests of that prefill (the others aborted without draining), largest first; each cell says how many
+    tokens its requests had decoded before it, and its bytes are counted at that longer length."""
+    plan = _job("cpu", [1, 2, 4, 8], batch_prefill="once").plan
+    per_cell = plan.cell_decode_steps  # settle 2 + 3 windows x 8
+    # 4 requests at 4096 + one cell's decode fit; 8 would not
+    monkeypatch.setattr(scripted, "num_kv_blocks", 4 * -(-(4096 + per_cell + 2) // 16))
+    messages = _run(_job("cpu", [1, 2, 4, 8], batch_prefill="once"))
+    session = ScriptedSession.last
+    assert session.prefills == [("warm", 1), ("measure", 4), ("ttft-first", 1)] + [("ttft", 1)] * 3
+    cells = [m for m in messages if m["type"] == "cell"]
+    assert [(c["batch"], c["status"]) for c in cells] == [(8, "oom"), (4, "ok"), (2, "ok"), (1, "ok")]
+    assert cells[0]["reason"] == f"needs {8 * 258} KV blocks, the engine has {4 * 258}"
+    by_batch = {c["batch"]: c for c in cells[1:]}
+    assert [by_batch[b]["decoded_before_tokens"] for b in (4, 2, 1)] == [0, per_cell, 2 * per_cell]
+    for batch, cell in by_batch.items():  # every step emitted exactly `batch` tokens: the rest were aborted
+        assert cell["guards"]["lockstep"] == "pass" and cell["tpot_ms"]["n"] == 24
+        assert cell["windows"][0]["step_tokens"][0] == batch
+        assert cell["prefills"]["mode"] == "once" and cell["prefills"]["prefilled_batch"] == 4
+        live = cell["bytes_per_step"]["live_tokens"]
+        assert live == 4096 + cell["decoded_before_tokens"] + 2 + 3 * 8 // 2
+        assert cell["bytes_per_step"]["dense"] == batch * live * ModelGeometry.from_config(
+            load_preset_config("glm-4-9b-chat-1m")).kv_bytes_per_token
+    assert [c["prefills"]["count"] for c in cells[1:]] == [1, 0, 0]
+    assert by_batch[4]["prefill"]["ttft_ms"] == 10.0 and by_batch[2]["prefill"]["ttft_ms"] is None
+    assert session.aborted[0] == (1, True)  # the warm-up request
+    assert session.aborted[1:3] == [(2, False), (1, False)]  # 4 -> 2 -> 1 without draining the survivors
+    assert session.aborted[3] == (1, True)  # the last survivor, drained before the TTFT repeats
+    assert by_batch[1]["ttft_ms"]["n"] == 3 and by_batch[4]["ttft_ms"] is None  # repeats once nothing is live
+    assert messages[-1]["type"] == "done"
+
+
+def test_batch_prefill_once_at_a_single_prefill_context(scripted):
+    """At a single-prefill context the ramp decodes on the prefilled batch and TTFT is that one prefill."""
+    job = _job("fake-locks", [1, 2], budget=2048, context=8192, single_prefill_from=8192, batch_prefill="once")
+    engine, two, one, done = _run(job)
+    assert ScriptedSession.last.prefills == [("measure", 2)]
+    assert two["batch"] == 2 and two["ramp"]["ramp_steps"] == job.plan.ramp_min_steps and one["ramp"] is None
+    assert one["decoded_before_tokens"] == job.plan.ramp_min_steps + job.plan.cell_decode_steps
+    assert two["ttft_ms"]["method"] == "single" and two["ttft_ms"]["batch_size"] == 2 and one["ttft_ms"] is None
+    assert two["status"] == one["status"] == "ok"
+    # the survivor of batch 2 decodes through the ramp and both cells: the engine is sized for that
+    assert job.plan.decode_tokens_for(8192) == job.plan.ramp_max_steps + 2 * job.plan.cell_decode_steps + 2
+
+
+def test_batch_prefill_once_hands_a_stalled_prefill_to_the_next_batch(scripted, monkeypatch):
+    calls = []
+    prefill = ScriptedSession.prefill
+
+    def stall_first(self, batch, context, tag):
+        calls.append(batch)
+        if len(calls) == 1:
+            raise EngineStall(f"1 of {batch} requests got no first token")
+        return prefill(self, batch, context, tag)
+
+    monkeypatch.setattr(scripted, "prefill", stall_first)
+    messages = _run(_job("cpu", [1, 2, 4], batch_prefill="once", single_prefill_from=4096))
+    cells = [(m["batch"], m["status"]) for m in messages if m["type"] == "cell"]
+    assert cells == [(4, "oom"), (2, "ok"), (1, "ok")]
+    assert calls == [4, 2]
