@@ -325,6 +325,7 @@ def cell_columns(row: pd.Series, notes: md.Notes) -> dict[str, str]:
         "TPOT ms (mean ± sd)": tpot,
         "n": md.fmt_int(row["tpot_n"]) if ok else md.DASH,
         "Speedup": md.fmt_ratio(row["speedup"]),
+        "tok/s": md.fmt_num(row["throughput_tok_s"], 0) if ok else md.DASH,
         "Steady TTFT ms": _ttft_cell(row, notes) if ok else md.DASH,
         BUILD: _build_cell(row, notes) if ok else md.DASH,
         BUILD_KERNEL: _build_kernel_cell(row, notes) if ok else md.DASH,
@@ -347,6 +348,11 @@ BUILD_KERNEL = "Build kernel ms"
 FLOOR = "Floor (weights + KV)"
 LADDER_HEADER = ["Context", "Arm", "TPOT ms (mean ± sd)", "n", "Speedup", "Steady TTFT ms",
                  BUILD, BUILD_KERNEL, "KV bytes/step", FLOOR, "Guards"]
+BATCHED_HEADER = ["Context", "Batch", "Arm", "TPOT ms (mean ± sd)", "n", "Speedup", "tok/s", "KV bytes/step", FLOOR,
+                  "Guards"]
+BATCHED_LEGEND = ("One decode step emits one token per request of the batch (tok/s = batch / TPOT). Speedup is "
+                  "against the faster dense arm at the same context and batch; KV bytes/step and the floor are "
+                  "summed over the batch.")
 LADDER_LEGEND = (
     "Speedup is against the faster dense arm (lower TPOT) of the same context. "
     f"{BUILD}: a sparse arm's steady TTFT minus the lowest steady TTFT of a dense arm of the same model, "
@@ -379,13 +385,10 @@ def render_ladder(frame: pd.DataFrame, notes: md.Notes) -> str:
 
 
 
-def render_unpaired(frame: pd.DataFrame, notes: md.Notes) -> str:
-    """Batched cells of setups without a sparse arm: the grid has no row for them, so they are listed here."""
-    if frame.empty:
-        return ""
-    has_sparse = frame.groupby(SETUP_KEYS)["dense"].transform(lambda dense: not dense.all())
-    rest = frame[(frame["batch_size"] != 1) & ~has_sparse]
+def render_batched(frame: pd.DataFrame, notes: md.Notes) -> str:
+    """Every cell above batch 1, one table per setup: the numbers behind the grid (TPOT per arm, tokens/s,
+    bytes, floor, guards), and the only place batched cells of a setup without a sparse arm appear."""
+    rest = frame[frame["batch_size"] != 1] if len(frame) else frame
     if rest.empty:
         return ""
-    header = LADDER_HEADER[:1] + ["Batch"] + LADDER_HEADER[1:]
-    return "\n".join(["## Batched cells without a sparse arm", *_tables(rest, header, notes)])
+    return "\n".join(["## Batched cells (batch > 1)", "", BATCHED_LEGEND, *_tables(rest, BATCHED_HEADER, notes)])

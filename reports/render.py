@@ -9,7 +9,7 @@ import pandas as pd
 
 from . import markdown as md
 from .compare import render_comparison_tables
-from .decode import decode_frame, render_ladder, render_unpaired
+from .decode import decode_frame, render_ladder, render_batched
 from .grid import render_grid
 from .kernel import kernel_frame, render_kernel
 from .microscope import microscope_frame, render_microscope
@@ -40,9 +40,9 @@ def _document(title: str, sections: list[str], notes: md.Notes) -> str:
 
 
 def decode_sections(frame: pd.DataFrame, notes: md.Notes) -> list[str]:
-    """The decode tables (ladder, batched grid, unpaired batched cells, noise) that `locks report` and
+    """The decode tables (ladder, batched grid, batched cells, noise) that `locks report` and
     `locks bench decode` share; together they show every cell, failed ones by a footnote with the reason."""
-    return [render_ladder(frame, notes), render_grid(frame, notes), render_unpaired(frame, notes), render_noise(frame)]
+    return [render_ladder(frame, notes), render_grid(frame, notes), render_batched(frame, notes), render_noise(frame)]
 
 
 def render_decode_run(records: Iterable[Record], title: str = "Decode cells") -> str:
