@@ -10,7 +10,8 @@ from rich.console import Console
 
 from ..reports.plots import PlotsUnavailable
 from ..reports.records import RecordsError, read_jsonl
-from ..reports.render import plot_report, render_comparison, render_report
+from ..reports.render import known_records, plot_report, render_comparison, render_report
+from ..reports.tables import TABLE_FORMATS, data_tables, write_tables
 from .errors import fail
 
 _stderr = Console(stderr=True)
@@ -31,8 +32,21 @@ def report(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the markdown here instead of stdout."),
     compare: Optional[tuple[Path, Path]] = typer.Option(None, "--compare", help="Two JSONL files A B: per-cell values and ratios B/A.", show_default=False),
     plots: Optional[Path] = typer.Option(None, "--plots", help="Also write PNG plots into this folder (needs the `plots` extra; with --compare, of B)."),
+    formats: str = typer.Option("md", "--format", help="Comma-separated: md (the markdown), csv, json (each table as "
+                                "<out>.<table>.csv/.json beside --out)."),
 ) -> None:
     """Render the decode ladder, batched grid, kernel profile, quality and microscope tables."""
+    wanted = tuple(dict.fromkeys(f.strip() for f in formats.split(",") if f.strip()))
+    unknown = [f for f in wanted if f not in ("md", *TABLE_FORMATS)]
+    if unknown or not wanted:
+        raise fail(f"--format {formats!r}: unknown format(s) {', '.join(unknown) or '(none given)'}",
+                   "pass md, csv, json or a comma-separated mix, e.g. --format md,csv")
+    table_formats = tuple(f for f in wanted if f in TABLE_FORMATS)
+    if table_formats and out is None:
+        raise fail(f"--format {','.join(table_formats)} writes files beside the markdown, and no --out was given",
+                   "pass --out report.md (the tables go to report.<table>.csv / .json)")
+    if table_formats and compare:
+        raise fail("--format csv/json applies to a report, not to --compare", "drop --compare or use --format md")
     if not results and not compare:
         raise fail("no results given", "pass one or more JSONL files, or --compare A.jsonl B.jsonl")
     if results and compare:
@@ -46,15 +60,17 @@ def report(
             records = read_jsonl(results)
             text = render_report(records)
         written = plot_report(records, plots) if plots else []
+        if table_formats:
+            written += write_tables(data_tables(known_records(records)), out.with_suffix(""), table_formats)
     except RecordsError as exc:
         raise fail(exc.message, exc.hint or None) from None
     except PlotsUnavailable as exc:
         raise fail(str(exc)) from None
-    if out:
+    if out and "md" in wanted:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text, encoding="utf-8")
         _stderr.print(f"wrote {out}", highlight=False)
-    else:
+    elif not out:
         typer.echo(text, nl=False)
     for path in written:
         _stderr.print(f"wrote {path}", highlight=False)

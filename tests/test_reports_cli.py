@@ -102,3 +102,44 @@ def test_missing_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
 def test_help_names_the_options(args):
     result = runner.invoke(app, args)
     assert "--compare" in result.output and "--plots" in result.output
+
+
+def test_tables_as_csv_and_json_beside_the_markdown(tmp_path):
+    import json
+
+    import pandas as pd
+
+    out = tmp_path / "report.md"
+    files = [fixture(name) for name in ("decode", "eval", "microscope", "kernel")]
+    result = runner.invoke(app, ["report", *files, "--out", str(out), "--format", "md,csv,json"])
+    assert result.exit_code == 0, result.output
+    assert out.read_text(encoding="utf-8") == render_report(read_jsonl(files))
+    names = {"decode", "batched_grid", "noise", "quality", "microscope", "kernel"}
+    assert {p.name for p in tmp_path.iterdir()} == {"report.md"} | {f"report.{n}.{f}" for n in names for f in ("csv", "json")}
+    decode = pd.read_csv(tmp_path / "report.decode.csv")
+    # the numbers behind the ladder: the markdown shows fa3 @ 32k bs8 as 9.10 ± 0.03
+    row = decode[(decode["arm_label"] == "fa3") & (decode["context_tokens"] == 32768) & (decode["batch_size"] == 8)].iloc[0]
+    assert f"{row['tpot_mean']:.2f} ± {row['tpot_sd']:.2f}" == "9.10 ± 0.03"
+    assert f"| 32k | 8 | fa3 | {row['tpot_mean']:.2f} ± {row['tpot_sd']:.2f} |" in out.read_text(encoding="utf-8")
+    as_json = json.loads((tmp_path / "report.decode.json").read_text(encoding="utf-8"))
+    assert len(as_json) == len(decode) and as_json[0].keys() == set(decode.columns)
+    grid = pd.read_csv(tmp_path / "report.batched_grid.csv")
+    frontier = grid[grid["is_frontier"]]
+    assert "**1.59×**" in out.read_text() and (frontier["speedup"].round(2) == 1.59).any()
+    quality = pd.read_csv(tmp_path / "report.quality.csv")
+    assert {"task", "budget", "arm_label", "n", "mean", "low", "high"} <= set(quality.columns)
+    scored = quality.dropna(subset=["mean"])
+    assert (scored["low"] <= scored["mean"]).all() and (scored["mean"] <= scored["high"]).all()
+    assert "full" in set(quality["budget"].astype(str))
+    first = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    again = runner.invoke(app, ["report", *reversed(files), "--out", str(out), "--format", "md,csv,json"])
+    assert again.exit_code == 0 and {p.name: p.read_bytes() for p in tmp_path.iterdir()} == first  # deterministic
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--format", "csv"], "no --out was given"),
+    (["--format", "md,xls"], "unknown format(s) xls"),
+])
+def test_table_formats_refuse_bad_input_with_the_fix(args, message):
+    result = runner.invoke(app, ["report", fixture("decode"), *args])
+    assert result.exit_code != 0 and message in stderr_text(result)
