@@ -59,7 +59,7 @@ def report(
         else:
             records = read_jsonl(results)
             text = render_report(records)
-        written = plot_report(records, plots) if plots else []
+        written = plot_report(records, plots, [p.name for p in (compare[1:] if compare else results)]) if plots else []
         if table_formats:
             written += write_tables(data_tables(known_records(records)), out.with_suffix(""), table_formats)
     except RecordsError as exc:

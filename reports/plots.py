@@ -1,4 +1,5 @@
-"""PNG plots (matplotlib, Agg): TPOT vs context, speedup vs context per batch, quality vs budget."""
+"""PNG plots (matplotlib, Agg): TPOT, speedup, bytes and TTFT vs context, the batched grid, quality and the
+microscope vs budget; each figure is captioned with the records it was drawn from."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pandas as pd
 from . import markdown as md
 from .decode import SETUP_KEYS, setup_title
 from .grid import grid_frame, own_frontiers
+from .microscope import RUN_KEYS, fidelity_table
 from .quality import ALL_TASKS, FULL_BUDGET, TABLE_KEYS, quality_table
 
 logger = logging.getLogger(__name__)
@@ -53,15 +55,20 @@ def _context_axis(ax: Any, contexts: list[int]) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _save(plt: Any, fig: Any, path: Path) -> Path:
+def _save(plt: Any, fig: Any, path: Path, caption: str = "") -> Path:
     fig.tight_layout()
+    if caption:  # the records a figure was drawn from (files, commit, GPU, date), below the axes
+        fig.subplots_adjust(bottom=fig.subplotpars.bottom + 0.06)
+        fig.text(0.01, 0.005, "\n".join(textwrap.wrap(caption, 110)), fontsize=6, color="#555555",
+                 ha="left", va="bottom")
     fig.savefig(path, format="png", dpi=110, metadata={"Software": None})  # no version stamp in the bytes
     plt.close(fig)
     logger.debug("wrote %s", path)
     return path
 
 
-def _panels_by_setup(frame: pd.DataFrame, path: Path, ylabel: str, draw, log_y: bool = False) -> Path:
+def _panels_by_setup(frame: pd.DataFrame, path: Path, ylabel: str, draw, log_y: bool = False,
+                     caption: str = "") -> Path:
     """One panel per setup with the context axis; `draw(ax, arm, line)` draws one arm's line."""
     plt = _pyplot()
     groups = list(frame.groupby(SETUP_KEYS, sort=True))
@@ -75,19 +82,20 @@ def _panels_by_setup(frame: pd.DataFrame, path: Path, ylabel: str, draw, log_y: 
         ax.set_ylabel(ylabel)
         ax.set_title(_wrap(setup_title(setup)), fontsize=8)
         ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return _save(plt, fig, path, caption)
 
 
-def plot_tpot(decode: pd.DataFrame, path: Path) -> Path | None:
+def plot_tpot(decode: pd.DataFrame, path: Path, caption: str = "") -> Path | None:
     """TPOT mean ± sd vs context, one line per arm, one panel per setup (batch 1, ok cells)."""
     ok = decode[(decode["status"] == "ok") & (decode["batch_size"] == 1)] if len(decode) else decode
     if ok.empty:
         return None
     return _panels_by_setup(ok, path, "TPOT (ms)", lambda ax, arm, line: ax.errorbar(
-        line["context_tokens"], line["tpot_mean"], yerr=line["tpot_sd"].fillna(0), marker="o", capsize=3, label=arm))
+        line["context_tokens"], line["tpot_mean"], yerr=line["tpot_sd"].fillna(0), marker="o", capsize=3, label=arm),
+        caption=caption)
 
 
-def plot_speedup(decode: pd.DataFrame, path: Path) -> Path | None:
+def plot_speedup(decode: pd.DataFrame, path: Path, caption: str = "") -> Path | None:
     """Speedup vs context, one line per batch size, one panel per (setup, sparse arm)."""
     sparse = decode[~decode["dense"] & decode["speedup"].notna()] if len(decode) else decode
     if sparse.empty:
@@ -103,7 +111,7 @@ def plot_speedup(decode: pd.DataFrame, path: Path) -> Path | None:
         ax.set_ylabel("speedup vs faster dense")
         ax.set_title(_wrap(f"{arm}: {setup_title(tuple(setup))}"), fontsize=8)
         ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return _save(plt, fig, path, caption)
 
 
 def bytes_series(decode: pd.DataFrame) -> pd.DataFrame:
@@ -117,14 +125,14 @@ def bytes_series(decode: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(SETUP_KEYS + ["arm_label", "context_tokens"]).reset_index(drop=True)
 
 
-def plot_bytes(decode: pd.DataFrame, path: Path) -> Path | None:
+def plot_bytes(decode: pd.DataFrame, path: Path, caption: str = "") -> Path | None:
     """Attention bytes per decode step vs context (log-log), one line per arm, one panel per setup."""
     series = bytes_series(decode)
     if series.empty:
         return None
     return _panels_by_setup(series, path, "attention bytes per step (GB)", lambda ax, arm, line: ax.plot(
         line["context_tokens"], line["attention_bytes"] / 1e9, marker="o", label=arm,
-        linestyle="--" if line["dense"].iloc[0] else "-"), log_y=True)
+        linestyle="--" if line["dense"].iloc[0] else "-"), log_y=True, caption=caption)
 
 
 def grid_series(decode: pd.DataFrame) -> list[dict]:
@@ -165,7 +173,7 @@ def grid_series(decode: pd.DataFrame) -> list[dict]:
     return panels
 
 
-def plot_grid(decode: pd.DataFrame, path: Path) -> Path | None:
+def plot_grid(decode: pd.DataFrame, path: Path, caption: str = "") -> Path | None:
     """The batched grid as a heat map of speedup vs the faster dense arm (1.0 = white), one panel per
     (setup, sparse arm); the sparse arm's own frontier at each context is outlined."""
     panels = grid_series(decode)
@@ -193,10 +201,10 @@ def plot_grid(decode: pd.DataFrame, path: Path) -> Path | None:
                            f"{setup_title(panel['setup'])}"), fontsize=8)
         bar = fig.colorbar(image, ax=ax)
         bar.set_label("log2 speedup")
-    return _save(plt, fig, path)
+    return _save(plt, fig, path, caption)
 
 
-def plot_quality(evals: pd.DataFrame, path: Path) -> Path | None:
+def plot_quality(evals: pd.DataFrame, path: Path, caption: str = "") -> Path | None:
     """Mean score with its 95% CI vs budget per arm (pooled over tasks); dense arms as dashed lines."""
     table = quality_table(evals)
     if table.empty or not (table["n"] > 0).any():
@@ -224,17 +232,103 @@ def plot_quality(evals: pd.DataFrame, path: Path) -> Path | None:
         ax.grid(True, alpha=0.3)
         ax.set_title(_wrap(f"{suite}: {model} @ {md.fmt_tokens(context)}"), fontsize=8)
         ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return _save(plt, fig, path, caption)
 
 
-def write_plots(decode: pd.DataFrame, evals: pd.DataFrame, out_dir: Path) -> list[Path]:
-    """Every plot the frames support, as PNG files in `out_dir` (created); returns the paths written."""
+def ttft_series(decode: pd.DataFrame) -> pd.DataFrame:
+    """The data of `plot_ttft`: per (setup, arm, context) at batch 1, TTFT (the steady mean, or the single
+    prefill at single-prefill contexts, `ttft_kind` says which) and a sparse arm's summary-build kernel ms."""
+    ok = decode[(decode["status"] == "ok") & (decode["batch_size"] == 1)] if len(decode) else decode
+    if ok.empty:
+        return ok
+    frame = ok[SETUP_KEYS + ["arm_label", "dense", "context_tokens", "build_kernel_mean"]].copy()
+    steady = ok["ttft_mean"].notna()
+    frame["ttft_ms"] = np.where(steady, ok["ttft_mean"], ok["ttft_first"])
+    frame["ttft_kind"] = np.where(steady, "steady", "single prefill")
+    frame = frame[frame["ttft_ms"].notna()]
+    return frame.sort_values(SETUP_KEYS + ["arm_label", "context_tokens"]).reset_index(drop=True)
+
+
+def plot_ttft(decode: pd.DataFrame, path: Path, caption: str = "") -> Path | None:
+    """TTFT vs context per arm (log-log) beside the summary build's kernel ms of each sparse arm, per setup."""
+    series = ttft_series(decode)
+    if series.empty:
+        return None
+    plt = _pyplot()
+    groups = list(series.groupby(SETUP_KEYS, sort=True))
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 4 * len(groups)), squeeze=False)
+    for (left, right), (setup, group) in zip(axes, groups):
+        contexts = sorted(group["context_tokens"].unique())
+        for arm, line in group.groupby("arm_label", sort=True):
+            left.plot(line["context_tokens"], line["ttft_ms"] / 1e3, marker="o", label=arm,
+                      linestyle="--" if line["dense"].iloc[0] else "-")
+            build = line[line["build_kernel_mean"].notna()]
+            if not build.empty:
+                right.plot(build["context_tokens"], build["build_kernel_mean"], marker="o", label=arm)
+        left.set_yscale("log")
+        left.set_ylabel("TTFT (s; steady, or the one prefill at long contexts)")
+        right.set_ylabel("summary build, kernel ms per prefill")
+        for ax in (left, right):
+            _context_axis(ax, contexts)
+            ax.set_title(_wrap(setup_title(setup)), fontsize=8)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+        right.set_yscale("log")
+    return _save(plt, fig, path, caption)
+
+
+def microscope_series(micro: pd.DataFrame) -> pd.DataFrame:
+    """The data of `plot_microscope`: the fidelity table (per run, budget and selector)."""
+    return fidelity_table(micro) if len(micro) else micro
+
+
+def plot_microscope(micro: pd.DataFrame, path: Path, caption: str = "") -> Path | None:
+    """Per microscope run: captured mass (γ) and recall, needle retention, and score-error p50/p95 vs
+    budget, one line per selector."""
+    table = microscope_series(micro)
+    if table.empty or not (table["n"] > 0).any():
+        return None
+    table = table[table["n"] > 0]
+    plt = _pyplot()
+    runs = list(table.groupby(RUN_KEYS, sort=True))
+    panels = [("gamma", "captured mass γ"), ("recall", "recall of the oracle's pages"),
+              ("needle_retention", "needle pages kept"), ("score_err_p95", "score error p95 (p50 dotted)")]
+    fig, axes = plt.subplots(len(runs), len(panels), figsize=(4.2 * len(panels), 3.6 * len(runs)), squeeze=False)
+    for row, ((model, context, combine), group) in zip(axes, runs):
+        budgets = sorted(group["budget_tokens"].unique())
+        for ax, (metric, label) in zip(row, panels):
+            for selector, line in group.groupby("selector_label", sort=True):
+                if line[metric].notna().any():
+                    drawn = ax.plot(line["budget_tokens"], line[metric], marker="o", label=selector)
+                    if metric == "score_err_p95" and line["score_err_p50"].notna().any():
+                        ax.plot(line["budget_tokens"], line["score_err_p50"], linestyle=":", color=drawn[0].get_color())
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(budgets, [str(int(b)) for b in budgets])
+            if metric == "score_err_p95":  # errors span decades (an exact oracle sits at 0)
+                ax.set_yscale("symlog", linthresh=0.01)
+            ax.set_xlabel("budget (tokens)")
+            ax.set_ylabel(label)
+            ax.grid(True, alpha=0.3)
+            ax.set_title(_wrap(f"{model or 'model ?'} @ {md.fmt_tokens(context)}" + (f", {combine}" if combine else "")),
+                         fontsize=8)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+    return _save(plt, fig, path, caption)
+
+
+def write_plots(decode: pd.DataFrame, evals: pd.DataFrame, out_dir: Path, micro: pd.DataFrame | None = None,
+                caption: str = "") -> list[Path]:
+    """Every plot the frames support, as PNG files in `out_dir` (created), each captioned with `caption`
+    (the records it was drawn from); returns the paths written."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    micro = micro if micro is not None else pd.DataFrame()
     written = [
-        plot_tpot(decode, out_dir / "tpot_vs_context.png"),
-        plot_speedup(decode, out_dir / "speedup_vs_context.png"),
-        plot_bytes(decode, out_dir / "bytes_vs_context.png"),
-        plot_grid(decode, out_dir / "batched_speedup_grid.png"),
-        plot_quality(evals, out_dir / "quality_vs_budget.png"),
+        plot_tpot(decode, out_dir / "tpot_vs_context.png", caption),
+        plot_speedup(decode, out_dir / "speedup_vs_context.png", caption),
+        plot_bytes(decode, out_dir / "bytes_vs_context.png", caption),
+        plot_ttft(decode, out_dir / "ttft_vs_context.png", caption),
+        plot_grid(decode, out_dir / "batched_speedup_grid.png", caption),
+        plot_quality(evals, out_dir / "quality_vs_budget.png", caption),
+        plot_microscope(micro, out_dir / "microscope_vs_budget.png", caption),
     ]
     return [path for path in written if path is not None]

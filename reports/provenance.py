@@ -71,3 +71,14 @@ def provenance_header(record_set: RecordSet, notes: md.Notes) -> str:
     if models:
         lines.append(f"- Models: {', '.join(models)}")
     return "\n".join(lines)
+
+
+def records_caption(records: list[Record], sources: list[str] | None = None) -> str:
+    """One line naming what a figure was drawn from: files, commits, GPUs, dates."""
+    parts = [f"records: {', '.join(sources)}"] if sources else []
+    parts.append(f"commit {', '.join(sorted({_commit(r) for r in records}))}")
+    parts.append(", ".join(sorted({_gpu(r) for r in records})))
+    days = sorted({str(d)[:10] for d in (dig(r, "provenance", "date") for r in records) if d})
+    if days:
+        parts.append(days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}")
+    return " · ".join(parts)

@@ -14,7 +14,7 @@ from .grid import render_grid
 from .kernel import kernel_frame, render_kernel
 from .microscope import microscope_frame, render_microscope
 from .noise import render_noise
-from .provenance import provenance_header
+from .provenance import provenance_header, records_caption
 from .quality import eval_frame, render_quality
 from .records import Record, RecordSet, RecordsError, split_by_schema
 from .schemas import DECODE, EVAL, KERNEL, KNOWN_SCHEMAS, MICROSCOPE
@@ -78,9 +78,12 @@ def render_comparison(records_a: Iterable[Record], records_b: Iterable[Record], 
     return _document(title, [header_a, header_b, *render_comparison_tables(set_a, set_b, notes)], notes)
 
 
-def plot_report(records: Iterable[Record], out_dir: Path) -> list[Path]:
-    """PNG plots for the records (TPOT vs context, speedup vs context, quality vs budget)."""
+def plot_report(records: Iterable[Record], out_dir: Path, sources: list[str] | None = None) -> list[Path]:
+    """PNG plots for the records (reports/plots.py), each captioned with `sources` (file names), commits,
+    GPUs and dates."""
     from .plots import write_plots  # matplotlib is optional: imported only when plots are asked for
 
     record_set = known_records(records)
-    return write_plots(decode_frame(record_set.get(DECODE)), eval_frame(record_set.get(EVAL)), out_dir)
+    caption = records_caption(record_set.all, sources)
+    return write_plots(decode_frame(record_set.get(DECODE)), eval_frame(record_set.get(EVAL)), out_dir,
+                       micro=microscope_frame(record_set.get(MICROSCOPE)), caption=caption)

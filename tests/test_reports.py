@@ -446,7 +446,7 @@ def test_the_committed_h200_ladder_renders_its_single_prefill_rungs_and_build_ke
     """The bs1 ladder as the harness wrote it on the H200: rungs from 128K on paid one prefill (TTFT n = 1,
     footnoted), the build kernel time is a mean ± sd over the steady prefills below that, and speedups are
     against the faster dense arm of each rung."""
-    from locks_toolkit.reports.plots import bytes_series
+    from locks_toolkit.reports.plots import bytes_series, ttft_series
 
     path = Path(__file__).parents[1] / "docs" / "results" / "efficiency" / "ladder-bs1-h200.jsonl"
     stored = [json.loads(line) for line in path.read_text().splitlines()]
@@ -467,6 +467,11 @@ def test_the_committed_h200_ladder_renders_its_single_prefill_rungs_and_build_ke
     series = bytes_series(frame)
     row = series[(series["arm_label"] == "locks r8i4 b=2048") & (series["context_tokens"] == 524288)].iloc[0]
     assert row["attention_bytes"] == locks["bytes_locks"] < locks["bytes_dense"] / 9
+    ttft = ttft_series(frame).set_index(["arm_label", "context_tokens"])
+    # below 128K the steady mean, from 128K the one prefill; the build kernel ms rides along for Locks
+    assert ttft.loc[("fa3", 16384), "ttft_kind"] == "steady" and ttft.loc[("fa3", 524288), "ttft_kind"] == "single prefill"
+    assert ttft.loc[("fa3", 524288), "ttft_ms"] == pytest.approx(_cell(frame, "fa3", 524288, 1)["ttft_first"])
+    assert ttft.loc[("locks r8i4 b=2048", 16384), "build_kernel_mean"] == pytest.approx(np.mean(each))
 
 
 def test_own_frontiers_compare_each_arm_at_its_largest_batch_that_ran():
@@ -496,3 +501,13 @@ def test_grid_heat_map_series_holds_the_speedups_labels_and_own_frontier():
     assert panel["speedup"][i][panel["batches"].index(16)] is None
     assert panel["frontier"][131072] == 16 and panel["frontier"][32768] == 32
     assert grid_series(frame[frame["batch_size"] == 1]) == []  # no batched cell: no heat map
+
+
+def test_microscope_plot_series_is_the_fidelity_table():
+    from locks_toolkit.reports.microscope import fidelity_table, microscope_frame
+    from locks_toolkit.reports.plots import microscope_series
+
+    frame = microscope_frame(records("microscope"))
+    series = microscope_series(frame)
+    assert series.equals(fidelity_table(frame)) and len(series) > 0
+    assert microscope_series(frame.iloc[0:0]).empty

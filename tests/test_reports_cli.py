@@ -70,11 +70,12 @@ def test_results_and_compare_together_are_rejected():
 
 
 def test_plots_are_png_files(tmp_path):
-    result = runner.invoke(app, ["report", fixture("decode"), fixture("eval"), "--plots", str(tmp_path / "plots")])
+    files = [fixture("decode"), fixture("eval"), fixture("microscope")]
+    result = runner.invoke(app, ["report", *files, "--plots", str(tmp_path / "plots")])
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert names == ["batched_speedup_grid.png", "bytes_vs_context.png", "quality_vs_budget.png",
-                     "speedup_vs_context.png", "tpot_vs_context.png"]
+    assert names == ["batched_speedup_grid.png", "bytes_vs_context.png", "microscope_vs_budget.png",
+                     "quality_vs_budget.png", "speedup_vs_context.png", "tpot_vs_context.png", "ttft_vs_context.png"]
     for path in (tmp_path / "plots").iterdir():
         data = path.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 1000
@@ -143,3 +144,17 @@ def test_tables_as_csv_and_json_beside_the_markdown(tmp_path):
 def test_table_formats_refuse_bad_input_with_the_fix(args, message):
     result = runner.invoke(app, ["report", fixture("decode"), *args])
     assert result.exit_code != 0 and message in stderr_text(result)
+
+
+def test_every_figure_is_captioned_with_its_records(monkeypatch, tmp_path):
+    from locks_toolkit.reports import plots
+
+    captions = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path, caption="": captions.append(caption) or real_save(plt, fig, path, caption))
+    result = runner.invoke(app, ["report", fixture("decode"), fixture("microscope"), "--plots", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    stored = read_jsonl([fixture("decode"), fixture("microscope")])
+    commit = stored[0]["provenance"]["git_commit"][:12]
+    assert len(captions) == len(list(tmp_path.iterdir())) and len(set(captions)) == 1
+    assert captions[0].startswith("records: decode.jsonl, microscope.jsonl · commit ") and commit in captions[0]
