@@ -45,7 +45,7 @@ def _finished_table(records: list[dict]) -> Table:
 @app.command("decode")
 def decode(
     plan_file: Optional[Path] = typer.Argument(None, help="YAML plan (default: the packaged default plan)."),
-    model: Optional[str] = typer.Option(None, help="Preset (glm-4-9b-chat-1m, llama-3.1-8b, qwen3-4b, tiny-llama) or model dir."),
+    model: Optional[str] = typer.Option(None, help="Preset (glm-4-9b-chat-1m, llama-3.1-8b, qwen3-4b, tiny-llama; dummy weights), a model dir, a .gguf file or gemma3-270m (real weights)."),
     arms: Optional[str] = typer.Option(None, help="Comma-separated arms: fa3, flashinfer, locks, locks-kv (peer), cpu, locks-cpu; Locks kernel variants locks-one, locks-three, locks-pdl, locks-one-pdl."),
     contexts: Optional[str] = typer.Option(None, help="Comma-separated contexts, e.g. 16k,32k,128k."),
     batch: Optional[str] = typer.Option(None, help="Comma-separated batch sizes, e.g. 1,4,16."),
@@ -86,6 +86,8 @@ def decode(
     from ..harness.plan import load_plan
     from ..kernels.config import ConfigError
 
+    if model is not None:
+        model = _local_model(model)
     overrides = {
         "model": model, "arms": arms, "contexts": contexts, "batch_sizes": batch, "budgets": budget,
         "num_layers": layers, "windows": windows, "steps_per_window": steps, "ttft_repeats": ttft_repeats,
@@ -107,6 +109,24 @@ def decode(
         _launch_detached(plan)
         return
     _run(plan, as_json)
+
+
+def _local_model(model: str) -> str:
+    """`--model` as the plan takes it: a GGUF (gemma3-270m's or a file) becomes the local HF folder converted
+    from it once (cached); presets, folders and anything else pass through for the plan to judge."""
+    if model != "gemma3-270m" and not model.lower().endswith(".gguf"):
+        return model
+    from ..suites.model_source import resolve_model_source, vllm_model_dir
+    from ..suites.models import INSTALL_HINT, ModelMissingError
+
+    try:
+        source = resolve_model_source(model)
+        _stderr.print(f"{model}: using its weights as a local HF folder (converted once, then cached)", highlight=False)
+        return str(vllm_model_dir(source))
+    except ValueError as exc:
+        raise fail(str(exc), "pass a .gguf file that exists, a model folder or a preset") from None
+    except ModelMissingError as exc:
+        raise fail(str(exc), f"install the model extra: {INSTALL_HINT}") from None
 
 
 def _launch_detached(plan) -> None:

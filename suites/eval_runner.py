@@ -250,8 +250,25 @@ def load_eval_engine(config: EvalConfig) -> Engine:
     if config.engine == "vllm":
         from .engine_vllm import load_vllm_engine
 
-        return load_vllm_engine(config.model, combine=config.combine, dummy_weights=config.dummy_weights)
+        from .model_source import resolve_model_source, vllm_model_dir
+
+        source = resolve_model_source(config.model)
+        model = config.model if source.kind == "preset" else str(vllm_model_dir(source))
+        return load_vllm_engine(model, combine=config.combine, dummy_weights=config.dummy_weights)
     return load_engine(config.model, combine=config.combine)
+
+
+def check_model(config: EvalConfig) -> None:
+    """Fail fast (before data or weights are read) when `config.model` names nothing the engine loads."""
+    from .model_source import resolve_model_source
+
+    try:
+        source = resolve_model_source(config.model)
+    except ValueError as error:
+        raise EvalConfigError(str(error)) from None
+    if config.engine == "transformers" and not source.real_weights:
+        raise EvalConfigError(f"preset {config.model} has dummy weights only, which the transformers engine does not "
+                              "load; use --engine vllm or a model with weights (gemma3-270m, a .gguf file, a folder)")
 
 
 def check_data_files(config: EvalConfig) -> None:

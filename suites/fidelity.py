@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 from ..kernels.config import ConfigError, SelectionConfig, check_combine_rule
 from .microscope import Arm, CapturedRecord, CellResult, capture_output_error, evaluate_record, parse_arms, summarize
-from .models import AttentionGeometry, load_gemma3_270m, greedy_decode_capture
+from .model_source import load_transformers, resolve_model_source
+from .models import AttentionGeometry, greedy_decode_capture
 from .niah import NiahPrompt, build_niah_suite
 
 logger = logging.getLogger(__name__)
@@ -39,8 +40,18 @@ class MicroscopeConfig:
     arms: tuple[Arm, ...] = field(default_factory=lambda: tuple(parse_arms(DEFAULT_SELECTORS, DEFAULT_FORMATS)))
     budgets_tokens: tuple[int, ...] = DEFAULT_BUDGETS
     combine: str = "share_average"
+    model: str = "gemma3-270m"  # what `--model` names (suites/model_source.py); real weights through transformers
 
     def __post_init__(self) -> None:
+        from .model_source import resolve_model_source
+
+        try:
+            source = resolve_model_source(self.model)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if not source.real_weights:
+            raise ConfigError(f"--model {self.model} is a preset (dummy weights); the microscope captures a real model's "
+                              "queries and keys: pass gemma3-270m, a .gguf file or a model folder")
         if self.prompts < 1:
             raise ConfigError(f"--prompts {self.prompts}: need at least one prompt")
         if self.decode_steps < 1:
@@ -63,7 +74,7 @@ class MicroscopeConfig:
         return shlex.join([
             "locks", "eval", "microscope", "--prompts", str(self.prompts), "--context-tokens", str(self.context_tokens),
             "--steps", str(self.decode_steps), "--seed", str(self.seed), "--selectors", arms,
-            "--budgets", ",".join(map(str, self.budgets_tokens)), "--combine", self.combine,
+            "--budgets", ",".join(map(str, self.budgets_tokens)), "--combine", self.combine, "--model", self.model,
         ])
 
 
@@ -131,7 +142,7 @@ def run_microscope(config: MicroscopeConfig, on_progress: ProgressCallback | Non
 
     start = time.perf_counter()
     report("load model", 0, 1)
-    loaded = load_gemma3_270m()
+    loaded = load_transformers(resolve_model_source(config.model))
     report("load model", 1, 1)
     seconds["load"] = time.perf_counter() - start
     geometry = loaded.geometry

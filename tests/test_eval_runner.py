@@ -159,13 +159,13 @@ def test_cli_missing_data_file(tmp_path):
 
 
 def test_cli_missing_model_package(tmp_path, monkeypatch):
-    from locks_toolkit.suites import engine_hf
+    from locks_toolkit.suites import model_source
     from locks_toolkit.suites.models import ModelMissingError
 
-    def missing():
+    def missing(source, dtype=None):
         raise ModelMissingError("the model needs the Python package 'gguf', which is not installed")
 
-    monkeypatch.setitem(engine_hf.MODEL_LOADERS, "gemma3-270m", missing)
+    monkeypatch.setattr(model_source, "load_transformers", missing)
     result = runner.invoke(app, ["eval", "run", "--suite", "ruler", "--tasks", "niah_single_1", "--lengths", "4k",
                                  "--arms", "fullkv", "--out", str(tmp_path / "o.jsonl")])  # fmt: skip
     assert result.exit_code == 2, result.output

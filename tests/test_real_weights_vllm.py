@@ -59,11 +59,15 @@ def _engine(model_dir, arm_name, budget, prompts) -> dict:
 def runs(tmp_path_factory):
     import torch
 
-    from locks_toolkit.suites.models import export_hf_dir, load_gemma3_270m
+    from locks_toolkit.suites.model_source import gguf_file, resolve_model_source, vllm_model_dir
+    from locks_toolkit.suites.models import load_gemma3_270m
     from locks_toolkit.suites.niah import build_niah_prompt
 
     loaded = load_gemma3_270m(torch.float32)
-    model_dir = str(export_hf_dir(loaded, tmp_path_factory.mktemp("gemma") / "gemma-3-270m-hf"))
+    # `--model <file>.gguf`'s path: the package's GGUF as a local file, converted once into the folder vLLM loads
+    gguf = resolve_model_source(str(gguf_file(resolve_model_source("gemma3-270m"))))
+    assert gguf.kind == "gguf"
+    model_dir = str(vllm_model_dir(gguf, tmp_path_factory.mktemp("cache"), loaded))
     needles = [build_niah_prompt(loaded.tokenizer, CONTEXT, seed, depth=DEPTH) for seed in SEEDS]
     prompts = [list(p.token_ids) for p in needles]
     reference = []

@@ -1,0 +1,80 @@
+"""What `--model` accepts, resolved once for every command (suites/model_source.py)."""
+
+import json
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from locks_toolkit.locks_cli.main import app
+from locks_toolkit.suites import model_source
+from locks_toolkit.suites.eval_runner import EvalConfig, EvalConfigError, check_model
+from locks_toolkit.suites.fidelity import MicroscopeConfig
+from locks_toolkit.suites.model_source import resolve_model_source, vllm_model_dir
+from locks_toolkit.kernels.config import ConfigError
+
+
+def test_each_form_of_model_resolves_to_its_kind(tmp_path):
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    gguf = tmp_path / "m.GGUF"
+    gguf.write_bytes(b"GGUF")
+    assert resolve_model_source("gemma3-270m").kind == "package"
+    assert resolve_model_source("tiny-llama").kind == "preset" and not resolve_model_source("tiny-llama").real_weights
+    assert resolve_model_source(str(folder)) == model_source.ModelSource("hf_dir", str(folder.resolve()), folder.resolve())
+    assert resolve_model_source(str(gguf)).kind == "gguf" and resolve_model_source(str(gguf)).path == gguf.resolve()
+    assert resolve_model_source("google/gemma-3-270m").kind == "hub"
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda tmp: tmp / "nothing.gguf", "does not exist"),
+    (lambda tmp: (tmp / "empty").mkdir() or tmp / "empty", "has no config.json"),
+    (lambda tmp: (tmp / "w.bin").write_bytes(b"x") and tmp / "w.bin", "is not a .gguf file"),
+])
+def test_a_model_that_names_nothing_loadable_is_refused_with_what_is_accepted(tmp_path, make, message):
+    with pytest.raises(ValueError, match=message) as error:
+        resolve_model_source(str(make(tmp_path)))
+    assert "gemma3-270m" in str(error.value)
+
+
+def test_a_gguf_converts_once_and_again_after_it_changes(tmp_path, monkeypatch):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF v1")
+    exported = []
+
+    def fake_export(loaded, target):
+        exported.append(target)
+        target.mkdir(parents=True)
+        (target / "config.json").write_text("{}")
+        return target
+
+    monkeypatch.setattr("locks_toolkit.suites.models.export_hf_dir", fake_export)
+    monkeypatch.setattr(model_source, "load_transformers", lambda source, dtype=None: "loaded")
+    source = resolve_model_source(str(gguf))
+    first = vllm_model_dir(source, tmp_path / "cache")
+    assert vllm_model_dir(source, tmp_path / "cache") == first and len(exported) == 1  # reused
+    os.utime(gguf, ns=(gguf.stat().st_atime_ns, gguf.stat().st_mtime_ns + 10**9))
+    assert vllm_model_dir(source, tmp_path / "cache") != first and len(exported) == 2  # an edited file converts again
+    assert first.name.startswith("m-") and first.parent == tmp_path / "cache" / "locks-toolkit" / "gguf-hf"
+
+
+def test_engines_refuse_what_they_cannot_load_before_any_work(tmp_path):
+    from locks_toolkit.suites.arms import parse_arms as arms
+
+    config = EvalConfig(suite="ruler", tasks=("niah_single_1",), lengths=(4096,), samples=1, budgets=(64,),
+                        arms=arms(["fullkv"]), model="tiny-llama", out=tmp_path / "o.jsonl")
+    with pytest.raises(EvalConfigError, match="dummy weights only"):
+        check_model(config)
+    with pytest.raises(EvalConfigError, match="does not exist"):
+        check_model(EvalConfig(**{**config.__dict__, "model": str(tmp_path / "x.gguf")}))
+    with pytest.raises(ConfigError, match="is a preset"):
+        MicroscopeConfig(model="tiny-llama")
+    assert "--model gemma3-270m" in MicroscopeConfig().reproduce_command()
+
+
+def test_bench_decode_refuses_a_missing_gguf_with_the_fix(tmp_path):
+    result = CliRunner().invoke(app, ["bench", "decode", "--model", str(tmp_path / "gone.gguf"), "--dry-run"])
+    assert result.exit_code != 0
+    text = " ".join(result.stderr.split())
+    assert "does not exist" in text and "hint:" in text
