@@ -86,13 +86,19 @@ def _panels_by_setup(frame: pd.DataFrame, path: Path, ylabel: str, draw, log_y: 
 
 
 def plot_tpot(decode: pd.DataFrame, path: Path, caption: str = "") -> Path | None:
-    """TPOT mean ± sd vs context, one line per arm, one panel per setup (batch 1, ok cells)."""
+    """TPOT mean ± sd vs context, one line per arm with its byte floor dotted, one panel per setup (batch 1,
+    ok cells)."""
     ok = decode[(decode["status"] == "ok") & (decode["batch_size"] == 1)] if len(decode) else decode
     if ok.empty:
         return None
-    return _panels_by_setup(ok, path, "TPOT (ms)", lambda ax, arm, line: ax.errorbar(
-        line["context_tokens"], line["tpot_mean"], yerr=line["tpot_sd"].fillna(0), marker="o", capsize=3, label=arm),
-        caption=caption)
+    def draw(ax, arm, line):
+        drawn = ax.errorbar(line["context_tokens"], line["tpot_mean"], yerr=line["tpot_sd"].fillna(0), marker="o",
+                            capsize=3, label=arm)
+        floor = line["floor_fraction"] * line["tpot_mean"]  # (weights + attention bytes) / copy bandwidth
+        if floor.notna().any():
+            ax.plot(line["context_tokens"], floor, linestyle=":", color=drawn[0].get_color(), label=f"{arm} byte floor")
+
+    return _panels_by_setup(ok, path, "TPOT (ms); dotted: the step's byte floor", draw, caption=caption)
 
 
 def plot_speedup(decode: pd.DataFrame, path: Path, caption: str = "") -> Path | None:
