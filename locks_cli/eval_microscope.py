@@ -101,10 +101,10 @@ def microscope(
             )
     if out is not None or json_output:
         from ..harness.provenance import collect
-        from ..suites.records import cell_records, run_summary
+        from ..suites.records import SCHEMA, cell_records, run_summary
 
         command = config.reproduce_command()
-        provenance = collect(command)
+        provenance = collect(command, schema=SCHEMA)
     if out is not None:
         from ..harness.store import append_record
 

@@ -12,19 +12,26 @@ from .records import Record, dig, status_of
 
 RUN_KEYS = ["model", "context_tokens", "combine"]  # one table each; blank when the records do not say
 KEYS = RUN_KEYS + ["budget_tokens", "selector_label"]
-# metric -> (column header, how records combine, digits)
+# metric -> (column header, how records combine, digits). "pooled": over every (record, layer, step, query
+# head) sample, weighted by each record's sample count: the number the microscope's terminal table shows.
+# "kept/eligible": pooled counts. "mean": the mean over records of each record's value (a percentile of the
+# pooled samples cannot be rebuilt from per-record percentiles, so those headers say "record mean").
 METRICS = {
-    "gamma": ("γ", "mean", 3),
-    "gamma_c": ("γ contested", "mean", 3),
-    "recall": ("Recall", "mean", 3),
-    "needle_retention": ("Needle kept", "mean", 3),
-    "score_err_p50": ("Score err p50", "mean", 4),
-    "score_err_p95": ("Score err p95", "mean", 4),
+    "gamma": ("γ", "pooled", 3),
+    "gamma_c": ("γ contested", "pooled", 3),
+    "recall": ("Recall", "pooled", 3),
+    "needle_retention": ("Needle kept", "kept/eligible", 3),
+    "score_err_p50": ("Score err p50 (record mean)", "mean", 4),
+    "score_err_p95": ("Score err p95 (record mean)", "mean", 4),
     "score_err_max": ("Score err max", "max", 4),
-    "share_log_err": ("Share log err", "mean", 4),
-    "captured_energy": ("Energy", "mean", 3),
+    "share_log_err": ("Share log err (record mean)", "mean", 4),
+    "captured_energy": ("Energy (record mean)", "mean", 3),
     "bound_violations": ("Bound violations", "sum", 0),
 }
+LEGEND = ("γ, γ contested and recall are pooled over every (record, layer, step, query head) sample, and needle "
+          "kept is carrier pages kept / eligible over all records: the definitions of the microscope's own "
+          "table. Columns marked (record mean) are the mean over records of each record's value; score error "
+          "max is the maximum, bound violations the sum.")
 # Names the suites' pooled summary uses for the same quantities (suites/microscope.py `summarize`).
 ALIASES = {
     "gamma": ("gamma_mean",),
@@ -51,6 +58,8 @@ def _row(record: Record) -> dict:
         "date": str(dig(record, "provenance", "date", default="")),
     }
     metrics = record.get("metrics") or record  # the pooled summary rows of `locks eval microscope` are flat
+    for count in ("samples", "needle_kept", "needle_eligible"):  # absent in older records: plain means then
+        row[count] = float(metrics[count]) if metrics.get(count) is not None else np.nan
     for metric in METRICS:
         value = next((metrics[name] for name in (metric, *ALIASES.get(metric, ())) if metrics.get(name) is not None), None)
         row[metric] = np.nan if value is None else float(value)
@@ -73,10 +82,25 @@ def fidelity_table(frame: pd.DataFrame) -> pd.DataFrame:
         ok = group[group["status"] == "ok"]
         row = dict(zip(KEYS, key), n=len(ok), failures=md.failures(group, "without metrics"))
         for metric, (_, how, _) in METRICS.items():
-            values = ok[metric].dropna()
-            row[metric] = getattr(values, how)() if len(values) else np.nan
+            row[metric] = _combine(ok, metric, how)
         rows.append(row)
     return pd.DataFrame(rows, columns=KEYS + ["n", "failures", *METRICS])
+
+
+def _combine(ok: pd.DataFrame, metric: str, how: str) -> float:
+    """One metric over the ok records of a (budget, selector), as METRICS says (plain mean without counts)."""
+    values = ok[metric].dropna()
+    if values.empty:
+        return np.nan
+    if how == "kept/eligible" and ok["needle_eligible"].notna().all():
+        eligible = ok["needle_eligible"].sum()
+        return float(ok["needle_kept"].sum() / eligible) if eligible else np.nan
+    if how == "pooled" and ok.loc[values.index, "samples"].notna().all():
+        weights = ok.loc[values.index, "samples"]
+        return float((values * weights).sum() / weights.sum())
+    if how in ("pooled", "kept/eligible"):
+        how = "mean"
+    return float(getattr(values, how)())
 
 
 def run_title(model: str, context_tokens: int, combine: str) -> str:
@@ -114,8 +138,7 @@ def render_microscope(frame: pd.DataFrame, notes: md.Notes) -> str:
         return ""
     table = fidelity_table(frame)
     header = ["Budget", "Selector", "n", *(title for title, _, _ in METRICS.values())]
-    parts = ["## Selection fidelity (microscope)", "",
-             "Means over records and layers; score error max is the maximum, bound violations the sum."]
+    parts = ["## Selection fidelity (microscope)", "", LEGEND]
     for run, run_table in table.groupby(RUN_KEYS, sort=True):
         rows = []
         for _, cell in run_table.iterrows():

@@ -105,7 +105,15 @@ def test_table_json_and_records_from_a_run(monkeypatch, tmp_path):
     assert first["schema"] == "locks.microscope/1" and first["status"] == "ok"
     assert {"selector", "format", "budget_tokens", "layer", "record_id"} <= set(first["cell"])
     assert {"gamma", "gamma_c", "recall", "needle_retention", "score_err_p95", "bound_violations"} <= set(first["metrics"])
-    assert "date" in first["provenance"]
+    assert "date" in first["provenance"] and first["provenance"]["schema_version"] == "locks.microscope/1"
+    # `locks report` on these records shows the numbers of the run's own table under the same labels
+    from locks_toolkit.reports.microscope import fidelity_table, microscope_frame
+
+    table = fidelity_table(microscope_frame(records)).set_index(["selector_label", "budget_tokens"])
+    for (label, budget), row in rows.items():
+        for metric in ("gamma", "gamma_c", "recall", "needle_retention"):
+            expected = float("nan") if row[metric] is None else row[metric]  # no eligible needle page: none either side
+            assert table.loc[(label, budget), metric] == pytest.approx(expected, abs=1e-6, nan_ok=True), (label, metric)
     command = first["command"]
     assert command.startswith("locks eval microscope ") and "--selectors oracle,locks:r8fp" in command
     assert "--budgets 64,128" in command

@@ -511,3 +511,24 @@ def test_microscope_plot_series_is_the_fidelity_table():
     series = microscope_series(frame)
     assert series.equals(fidelity_table(frame)) and len(series) > 0
     assert microscope_series(frame.iloc[0:0]).empty
+
+
+def test_microscope_report_pools_samples_and_needle_counts_as_the_terminal_table_does():
+    """Two records of one (budget, selector) with 10 and 30 samples: pooled γ is 0.8 (the plain mean would
+    be 0.7) and needle kept 1 of 4 eligible pages (the mean of the records' ratios would be 0.5)."""
+    from locks_toolkit.reports.microscope import fidelity_table, microscope_frame
+
+    def record(rid, samples, gamma, kept, eligible, p50):
+        return {"schema": "locks.microscope/1", "kind": "microscope", "status": "ok",
+                "cell": {"selector": "locks", "format": "r8i4", "budget_tokens": 256, "layer": 5, "record_id": rid,
+                         "model": "m", "context_tokens": 4096, "combine": "share_average"},
+                "metrics": {"samples": samples, "gamma": gamma, "gamma_c": gamma, "recall": gamma,
+                            "needle_kept": kept, "needle_eligible": eligible, "needle_retention": kept / eligible,
+                            "score_err_p50": p50}}
+
+    table = fidelity_table(microscope_frame([record("a", 10, 0.5, 1, 1, 0.1), record("b", 30, 0.9, 0, 3, 0.3)]))
+    (row,) = table.to_dict("records")
+    assert row["gamma"] == pytest.approx(0.8) and row["recall"] == pytest.approx(0.8)
+    assert row["needle_retention"] == pytest.approx(0.25)
+    assert row["score_err_p50"] == pytest.approx(0.2)  # a per-record percentile: the record mean, labelled so
+    assert "Score err p50 (record mean)" in render_microscope(microscope_frame([record("a", 10, 0.5, 1, 1, 0.1)]), md.Notes())
