@@ -36,7 +36,7 @@ class DecodePlan:
     """All knobs of a decode ladder. Sizes are tokens; `max_model_len=None` means derived."""
 
     model: str = "glm-4-9b-chat-1m"  # preset name or a local HF model dir (real weights)
-    arms: tuple[str, ...] = ("fa3", "flashinfer")
+    arms: tuple[str, ...] = ("fa3", "flashinfer", "locks")
     contexts: tuple[int, ...] = (16384, 32768, 65536, 131072)
     batch_sizes: tuple[int, ...] = (1,)
     budgets: tuple[int, ...] = (2048,)

@@ -20,7 +20,7 @@ def test_default_plan_is_the_protocol():
     plan = load_plan()
     assert plan.hbm_bytes_per_s == 4.23e12  # YAML 1.1 reads 4.23e12 as a string; the plan coerces it
     assert (plan.windows, plan.steps_per_window, plan.ttft_repeats) == (3, 64, 3)
-    assert plan.arms == ("fa3", "flashinfer") and plan.graph_mode == "full_decode_only" and plan.async_scheduling is False
+    assert plan.arms == ("fa3", "flashinfer", "locks") and plan.graph_mode == "full_decode_only" and plan.async_scheduling is False
     assert plan.contexts == (16384, 32768, 65536, 131072)
     assert plan.effective_max_model_len >= 131072 + plan.decode_tokens_per_request
     assert plan.effective_max_model_len % 16 == 0
