@@ -58,7 +58,7 @@ def report(
             records = records_b  # plots show the candidate B
         else:
             records = read_jsonl(results)
-            text = render_report(records)
+            text = render_report(records, sources=[p.name for p in results])
         written = plot_report(records, plots, [p.name for p in (compare[1:] if compare else results)]) if plots else []
         if table_formats:
             written += write_tables(data_tables(known_records(records)), out.with_suffix(""), table_formats)

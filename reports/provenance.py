@@ -37,10 +37,13 @@ def _status_counts(records: list[Record]) -> str:
     return ", ".join(f"{counts[s]} {md.STATUS_LABEL.get(s, s)}" for s in sorted(counts, key=lambda s: (s != "ok", s)))
 
 
-def provenance_header(record_set: RecordSet, notes: md.Notes) -> str:
-    """A bullet list: record counts by status, commits, GPUs, versions, date range, weights."""
+def provenance_header(record_set: RecordSet, notes: md.Notes, sources: list[str] | None = None) -> str:
+    """A bullet list: the files read (when given), record counts by status, commits, GPUs, versions, date
+    range, weights."""
     records = record_set.all
     lines = ["## Provenance", ""]
+    if sources:
+        lines.append(f"- Files: {', '.join(f'`{name}`' for name in sources)}")
     for schema in KNOWN_SCHEMAS:
         if record_set.get(schema):
             lines.append(f"- `{schema}`: {_plural(len(record_set.get(schema)), 'record')} ({_status_counts(record_set.get(schema))})")

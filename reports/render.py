@@ -54,13 +54,14 @@ def render_decode_run(records: Iterable[Record], title: str = "Decode cells") ->
     return _document(title, decode_sections(frame, notes), notes)
 
 
-def render_report(records: Iterable[Record], title: str = "Locks results") -> str:
-    """Provenance, then every table the records support, then one footnote per cell that is not clean."""
+def render_report(records: Iterable[Record], title: str = "Locks results", sources: list[str] | None = None) -> str:
+    """Provenance (with the `sources` files when given), then every table the records support, then one
+    footnote per cell that is not clean."""
     record_set = known_records(records)
     notes = md.Notes()
     decode = decode_frame(record_set.get(DECODE))
     sections = [
-        provenance_header(record_set, notes),
+        provenance_header(record_set, notes, sources),
         *decode_sections(decode, notes),
         render_kernel(kernel_frame(record_set.get(KERNEL)), notes),
         render_quality(eval_frame(record_set.get(EVAL)), notes),

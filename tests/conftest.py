@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,3 +16,16 @@ def gen() -> torch.Generator:
     seed = fresh_seed()
     print(f"seed={seed} (replay with LOCKS_TEST_SEED={seed})")
     return generator(seed)
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def check_golden(name: str, text: str) -> None:
+    """`text` equals tests/golden/NAME; UPDATE_GOLDEN=1 rewrites the file instead (review the diff)."""
+    path = GOLDEN / name
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text, encoding="utf-8")
+        return
+    assert path.exists(), f"golden file {path} missing; run with UPDATE_GOLDEN=1 once and review it"
+    assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden file (UPDATE_GOLDEN=1 to accept)"

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import check_golden
 
 from locks_toolkit.reports import markdown as md
 from locks_toolkit.reports.compare import ratios
@@ -34,17 +34,7 @@ from locks_toolkit.reports.render import render_comparison, render_report
 from locks_toolkit.reports.schemas import DECODE, EVAL, KERNEL, MICROSCOPE
 
 FIXTURES = Path(__file__).parent / "fixtures"
-GOLDEN = Path(__file__).parent / "golden"
 ALL = [FIXTURES / f"{name}.jsonl" for name in ("decode", "kernel", "eval", "microscope", "unknown")]
-
-
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        path.write_text(text, encoding="utf-8")
-        return
-    assert path.exists(), f"golden file {path} missing; run with UPDATE_GOLDEN=1 once and review it"
-    assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden file (UPDATE_GOLDEN=1 to accept)"
 
 
 def records(name: str) -> list[dict]:

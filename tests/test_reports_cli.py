@@ -8,11 +8,15 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import check_golden
+
 from locks_toolkit.locks_cli.main import app
 from locks_toolkit.reports.records import read_jsonl
 from locks_toolkit.reports.render import plot_report, render_comparison, render_report
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 runner = CliRunner()
 
@@ -29,14 +33,15 @@ def fixture(name: str) -> str:
 def test_report_prints_the_markdown_of_all_given_files():
     result = runner.invoke(app, ["report", fixture("decode"), fixture("eval")])
     assert result.exit_code == 0, result.output
-    assert result.stdout == render_report(read_jsonl([fixture("decode"), fixture("eval")]))
+    expected = render_report(read_jsonl([fixture("decode"), fixture("eval")]), sources=["decode.jsonl", "eval.jsonl"])
+    assert result.stdout == expected and "- Files: `decode.jsonl`, `eval.jsonl`" in expected
 
 
 def test_report_writes_to_out_when_options_follow_the_files(tmp_path):
     out = tmp_path / "sub" / "report.md"
     result = runner.invoke(app, ["report", fixture("kernel"), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    assert out.read_text(encoding="utf-8") == render_report(read_jsonl([fixture("kernel")]))
+    assert out.read_text(encoding="utf-8") == render_report(read_jsonl([fixture("kernel")]), sources=["kernel.jsonl"])
     assert result.stdout == ""
 
 
@@ -114,7 +119,7 @@ def test_tables_as_csv_and_json_beside_the_markdown(tmp_path):
     files = [fixture(name) for name in ("decode", "eval", "microscope", "kernel")]
     result = runner.invoke(app, ["report", *files, "--out", str(out), "--format", "md,csv,json"])
     assert result.exit_code == 0, result.output
-    assert out.read_text(encoding="utf-8") == render_report(read_jsonl(files))
+    assert out.read_text(encoding="utf-8") == render_report(read_jsonl(files), sources=[Path(f).name for f in files])
     names = {"decode", "batched_grid", "noise", "quality", "microscope", "kernel"}
     assert {p.name for p in tmp_path.iterdir()} == {"report.md"} | {f"report.{n}.{f}" for n in names for f in ("csv", "json")}
     decode = pd.read_csv(tmp_path / "report.decode.csv")
@@ -134,7 +139,10 @@ def test_tables_as_csv_and_json_beside_the_markdown(tmp_path):
     assert "full" in set(quality["budget"].astype(str))
     first = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     again = runner.invoke(app, ["report", *reversed(files), "--out", str(out), "--format", "md,csv,json"])
-    assert again.exit_code == 0 and {p.name: p.read_bytes() for p in tmp_path.iterdir()} == first  # deterministic
+    tables = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.suffix != ".md"}
+    assert again.exit_code == 0 and tables == {k: v for k, v in first.items() if not k.endswith(".md")}  # deterministic
+    check_golden("tables.decode.csv", (tmp_path / "report.decode.csv").read_text(encoding="utf-8"))
+    check_golden("tables.batched_grid.csv", (tmp_path / "report.batched_grid.csv").read_text(encoding="utf-8"))
 
 
 @pytest.mark.parametrize("args,message", [
