@@ -273,8 +273,7 @@ def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, weights: dict
         last = index == len(fitting) - 1
         if last:
             session.abort(ids)
-        result["prefill"] = ({"ttft_ms": pre.ttft_ms, "step_ms": pre.step_ms, "batch_size": batch,
-                              "counters": prefill_counters} if index == 0 else
+        result["prefill"] = (_prefill_fields(pre, batch, prefill_counters) if index == 0 else
                              {"ttft_ms": None, "step_ms": [], "batch_size": largest, "counters": None})
         result["prefills"] = {
             "mode": "once", "count": 1 if index == 0 else 0, "prefilled_batch": largest,
@@ -352,10 +351,15 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
     pre, prefill_counters = _prefill(session, job, batch, emit)
     result, _ = measure_live(session, job, batch, pre.request_ids, sm_max, weights, ramp=ramp, emit=emit)
     session.abort(pre.request_ids)
-    result["prefill"] = {"ttft_ms": pre.ttft_ms, "step_ms": pre.step_ms, "batch_size": batch, "counters": prefill_counters}
+    result["prefill"] = _prefill_fields(pre, batch, prefill_counters)
     result["prefills"] = _prefill_plan(job, with_ttft)
     _add_ttft(result, session, job, pre, batch, prefill_counters, with_ttft, emit)
     return result
+
+
+def _prefill_fields(pre, batch: int, counters: dict | None) -> dict:
+    """A cell's `prefill` field: the prefill its requests came from."""
+    return {"ttft_ms": pre.ttft_ms, "step_ms": pre.step_ms, "batch_size": batch, "counters": counters}
 
 
 def _prefill(session, job: EngineJob, batch: int, emit):
