@@ -151,22 +151,18 @@ register_arm(
 _LOCKS_VARIANTS = (
     ("locks-one", f"the one-launch selection kernels, pinned (select='one'; 'auto' runs them on tables up to "
      f"{AUTO_ONE_LAUNCH_MAX_PAGES} pages)", {"select": "one"}),
-    ("locks-four", "the four-launch selection kernels (select='four': the default before session 11)", {"select": "four"}),
-    ("locks-three", "the three-launch selection (select='three': the last resolve program finalizes)", {"select": "three"}),
+    ("locks-four", "the four-launch selection kernels, pinned (select='four'; 'auto' runs them on wider tables)", {"select": "four"}),
     ("locks-pdl", "programmatic dependent launch of its decode kernels (pdl=true)", {"pdl": True}),
     ("locks-one-pdl", "one-launch selection and programmatic dependent launch (select='one', pdl=true)",
      {"select": "one", "pdl": True}),
-    # Score kernels other than production's "transposed" (session 9's pair ran it as `locks-t`, and `locks-one-t`
-    # with select='one', before it became the default).
-    ("locks-pages", "the score kernel before session 9 (scorer_kernel='pages': pages x basis columns as the dots' M)",
+    # Score kernels other than production's "cuda".
+    ("locks-pages", "the Triton pages score kernel (scorer_kernel='pages': pages x basis columns as the dots' M)",
      {"scorer_kernel": "pages"}),
-    ("locks-cuda", "the CUDA score kernel (scorer_kernel='cuda', the default since session 10, pinned)",
+    ("locks-cuda", "the CUDA score kernel, pinned (scorer_kernel='cuda', the default)",
      {"scorer_kernel": "cuda"}),
-    ("locks-transposed", "the Triton transposed score kernel (scorer_kernel='transposed': the default of session 9)",
+    ("locks-transposed", "the Triton transposed score kernel (scorer_kernel='transposed', where the CUDA one declines)",
      {"scorer_kernel": "transposed"}),
     ("locks-one-cuda", "the CUDA score kernel and the one-launch selection", {"scorer_kernel": "cuda", "select": "one"}),
-    ("locks-lean", "the pages score kernel's instruction diet (scorer_kernel='lean': same scores up to fp32 rounding)",
-     {"scorer_kernel": "lean"}),
 )
 for _name, _what, _settings in _LOCKS_VARIANTS:
     register_arm(

@@ -5,7 +5,7 @@
 For each (context, batch) and tuning in VARIANTS it times the decode over the layer copies alone (CUDA graph,
 as `locks bench kernel` does), and again between the rest of a decoder layer (`score_sweep.decoder_layer_rest`),
 as the engine runs it after products that evict L2: `in_layer_us` = (that chain - the rest alone) per layer.
-That difference is noisy (the rest alone varied 137-148 µs between cells on the H200, session 12); --profile
+That difference is noisy (the rest alone varied 137-148 µs between cells on the H200); --profile
 adds each kernel's µs per call inside that chain, which is what to compare. Every variant's output on layer 0 is checked
 against the fp64 reference first (bf16 tolerance); a variant that fails is reported, not timed.
 The pages attended are sink + recent + random others, sorted, as a selection writes them.
@@ -25,7 +25,7 @@ from ..kernels.reference.attention import paged_decode_reference
 from ..kernels.reference.packing import SummaryLayout
 from ..kernels.triton import ops
 from ..kernels.triton.checks import BF16_DECODE_TOLERANCE
-from ..kernels.triton.decode import DEFAULT_DECODE, SESSION2_DECODE, DecodeTuning
+from ..kernels.triton.decode import DEFAULT_DECODE, TWO_PAGE_DECODE, DecodeTuning
 from .kernel_bench import _ContextState, _time_graph, add_sweep_arguments, pick_variants, resolve_geometry, sweep_contexts, variant_error
 from .provenance import collect, reproduce_command
 from .score_sweep import decoder_layer_rest, profile_graph
@@ -36,8 +36,8 @@ SCHEMA_DECODE_SWEEP = "locks.decode_sweep/1"
 
 VARIANTS = (
     # two 2-page iterations per program over 32 splits (128 programs at bs1, b=2048), Triton's 3 stages;
-    # the merge reads a split's partial output only after its lse (sessions 2-11)
-    SESSION2_DECODE,
+    # the merge reads a split's partial output only after its lse (the earlier default)
+    TWO_PAGE_DECODE,
     DecodeTuning(pages_per_iter=2, warps=4),  # the merge's two loads issued together
     DecodeTuning(pages_per_iter=2, warps=4, stages=1),  # the same two iterations without software pipelining
     # one iteration per program: one slot -> block table -> K/V chain instead of two
@@ -47,11 +47,11 @@ VARIANTS = (
     DecodeTuning(pages_per_iter=2, max_splits=64, warps=4, stages=1),  # 256 programs of one 2-page iteration
     DecodeTuning(pages_per_iter=8, max_splits=16, warps=4, stages=1),  # 64 programs of one 8-page iteration
     DecodeTuning(pages_per_iter=1, max_splits=128, waves=4, warps=4, stages=1),  # 512 programs of one page
-    # session 12, round 2 around the best of round 1 (4.9 + 2.5 µs against 5.8 + 2.6 in a layer at 32K)
+    # around the best of the shapes above (4.9 + 2.5 µs against 5.8 + 2.6 in a layer at 32K)
     DecodeTuning(pages_per_iter=2, max_splits=64, warps=4),
     DecodeTuning(pages_per_iter=2, max_splits=64, warps=4, stages=2),
     DecodeTuning(pages_per_iter=2, max_splits=64, stages=1),
-    DEFAULT_DECODE,  # 4 pages per iteration, 8 warps, 3 stages: the default since session 12
+    DEFAULT_DECODE,  # 4 pages per iteration, 8 warps, 3 stages: the default
     DecodeTuning(pages_per_iter=2, max_splits=64, warps=2, stages=1),
 )
 

@@ -54,7 +54,7 @@ class DecodePlan:
     graph_mode: str = "full_decode_only"
     # vLLM 0.24 turns async scheduling on by default (the host prepares step n+1 while the GPU runs step
     # n). Off, each step() returns its own token and TPOT includes every µs of per-step host work
-    # (scheduler, metadata builders, graph launch): the protocol of sessions 1-4. On: what a default
+    # (scheduler, metadata builders, graph launch): the earliest records' protocol. On: what a default
     # deployment runs; the decode loop then reads each token one call late.
     async_scheduling: bool = False
     max_model_len: int | None = None  # None: each context's engine gets that context + decode room
@@ -210,7 +210,7 @@ class DecodePlan:
     def lead_steps(self) -> int:
         """Untimed steps at the start of each window. Under async scheduling the first step() after a
         pause only collects a step the GPU finished during the pause: on the H200 it read 3.7-8.5 ms
-        against ~8.9 (`bench-decode-glm4-40L-fa3-locks-async-h200-s5.jsonl`), a third of the sd/mean.
+        against ~8.9, a third of the sd/mean.
         The step after it waits for a full step, as every later one does."""
         return 1 if self.async_scheduling else 0
 

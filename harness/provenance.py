@@ -52,8 +52,8 @@ def git_state(start: str | os.PathLike | None = None) -> dict[str, object]:
 
     Never the cwd: on the GPU machine the command runs inside a copy of the checkout whose git state
     is not the code of the installed wheel (records of 2026-11-29 named the wrong commit that way). The
-    stamp comes first because that copy's `.git` can be older than its files (session 4's kernel-only
-    runs imported the checkout and recorded the session's starting commit): `make wheel` writes it into
+    stamp comes first because that copy's `.git` can be older than its files (kernel-only runs that
+    imported the checkout once recorded an older commit): `make wheel` writes it into
     the wheel and deletes it from the checkout, and a kernel-only GPU run carries one written for it."""
     if BUILD_INFO.exists():
         return _build_info()

@@ -21,7 +21,7 @@ import torch
 from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
 from ..kernels.reference.packing import SummaryLayout
 from ..kernels.triton import ops
-from ..kernels.triton.score_select import DEFAULT_TUNING, SCORER_KERNELS, TWO_TERM_DIET, ScoreTuning
+from ..kernels.triton.score_select import DEFAULT_TUNING, SCORER_KERNELS, ScoreTuning
 from .kernel_bench import _ContextState, _time_graph, add_sweep_arguments, capture_graph, pick_variants, resolve_geometry, sweep_contexts, variant_error
 from .provenance import collect, reproduce_command
 from .workload import format_size, parse_size_list
@@ -30,60 +30,43 @@ SCHEMA_SCORE_SWEEP = "locks.score_sweep/1"
 
 
 VARIANTS = (
-    # one warp per program over 4-page tiles, every program slot at bs1 (512 chunks), coefficients
-    # contracted on the tensor cores (H200 sweeps of 2026-11-30 s6); <= 32 selection chunks with coarse
-    # threshold picks, 32-bit-word int4 decode, one vector load per token's coefficients (s4); selection
-    # in four launches (topk.py)
+    # The kernel-level default: one warp per program over 4-page tiles, every program slot at bs1 (512
+    # chunks), coefficients contracted on the tensor cores, <= 32 selection chunks with coarse threshold
+    # picks, 32-bit-word int4 decode, one vector load per token's coefficients; selection in four launches
     DEFAULT_TUNING,
-    # selection in one launch (topk_one.py; s5): keys in registers sized per call, or passes over memory
-    # (contexts > 147K tokens), or over 64 chunks. In the vLLM pair of s6: -0.26 ms per step at 32K,
-    # +0.95 ms at 128K, against ~-2 µs per layer alone at 128K in s5 (the [8192] + [1024] size never timed alone)
-    ScoreTuning(select_path="one", select_tail="registers"),
-    ScoreTuning(select_path="one", select_tail="memory"),
-    ScoreTuning(select_path="three"),  # four launches' kernels, the last resolve program finalizes (s6, untimed)
-    ScoreTuning(select_path="one", select_tail="registers", select_chunks=64),
-    ScoreTuning(select_path="one", select_tail="registers", select_warps=4),  # the one-launch kernel's warps (8 by default; 255 registers)
-    ScoreTuning(select_path="one", select_tail="registers", select_warps=16),
-    # the s4/s5 default: 4 warps x 16 pages, 128 chunks, FMA coefficient contraction
+    # Selection in one launch (topk_one.py): over 64 chunks, with 4 or 16 warps (8 by default; 255 registers)
+    ScoreTuning(select_path="one"),
+    ScoreTuning(select_path="one", select_chunks=64),
+    ScoreTuning(select_path="one", select_warps=4),
+    ScoreTuning(select_path="one", select_warps=16),
+    # A wide launch shape: 4 warps x 16 pages, 128 chunks, FMA coefficient contraction
     ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False),
-    ScoreTuning(coef_mma=False),  # one warp, FMA contraction (s6: 37.8 us at 128K)
+    ScoreTuning(coef_mma=False),  # one warp, FMA contraction (37.8 us at 128K on the H200)
     ScoreTuning(maxnreg=112),  # 18 programs per SM (the kernel uses 108 registers)
     ScoreTuning(tile=8, maxnreg=168),  # no spills at 160 registers; 12 programs per SM
     ScoreTuning(warps=2, tile=8, max_chunks=256),
-    ScoreTuning(stages=2, coef_mma=False),  # s6: 40.4 us at 128K (38.2 with paired codes)
-    # selection in 2 launches (row path; H200 s4: 19.0 vs 21.3 us at 32K bs1, 46.5 vs 21.9 at 128K:
-    # one program streams all keys twice)
-    ScoreTuning(select_path="row"),
+    ScoreTuning(stages=2, coef_mma=False),  # 40.4 us at 128K
     ScoreTuning(coarse_pick=False),  # every threshold pick scans all 8192 histogram counts
     ScoreTuning(select_chunks=16),
     ScoreTuning(word_nibbles=False),  # int4 codes decoded per byte
     ScoreTuning(coef_vector=False),  # one load per coefficient
     ScoreTuning(mantissa_nibbles=False, word_nibbles=False),  # int-to-float conversion of the codes
-    # The scorer's instruction diet (session 8, sm_90 SASS per tile 1626 -> 1402 -> 1276; score_select.SCORER_KERNELS)
-    ScoreTuning(**SCORER_KERNELS["lean"]),
-    ScoreTuning(**TWO_TERM_DIET),  # s8's "lean2": fails bf16 select checks on the H200 (s9), timed for the record only
-    ScoreTuning(select_path="one", select_tail="registers", **SCORER_KERNELS["lean"]),
-    # Query heads as the dots' M (session 9, `score_t.py`): V^T q stays in registers; 1456 SASS per 4-page tile,
-    # 6 shared stores against lean's 70
-    ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4}),  # s9: 27.9 / 12.2 µs at 128K / 32K
+    # Query heads as the dots' M (`score_t.py`): V^T q stays in registers; 1456 SASS per 4-page tile
+    ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4}),  # 27.9 / 12.2 µs at 128K / 32K
     ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4, "stages": 2}),  # the next tile's loads through cp.async: 29.0 / 13.1
-    ScoreTuning(**SCORER_KERNELS["transposed"]),  # 2-page tiles: half the block-diagonal zeros; s9: 25.8 / 8.9
-    ScoreTuning(select_path="one", select_tail="registers", **SCORER_KERNELS["transposed"]),
+    ScoreTuning(**SCORER_KERNELS["transposed"]),  # 2-page tiles: half the block-diagonal zeros; 25.8 / 8.9
+    ScoreTuning(select_path="one", **SCORER_KERNELS["transposed"]),
     # 21 programs per SM (no spills), grid still 512 per pair. A grid that fills them (693 chunks, with a
-    # workspace of 1024) took 31.6 µs at 128K against 26.0 (s9), so the workspace stayed at 512 chunks.
+    # workspace of 1024) took 31.6 µs at 128K against 26.0, so the workspace stayed at 512 chunks.
     ScoreTuning(maxnreg=96, **SCORER_KERNELS["transposed"]),
     ScoreTuning(stages=2, **SCORER_KERNELS["transposed"]),
-    # The CUDA kernel (session 10, kernels/cuda/score_t.cu): operands built in the mma register layouts, 4-page
-    # tiles, ~840 SASS per tile against the transposed kernel's ~800 per 2 pages
+    # The CUDA kernel (kernels/cuda/score_t.cu): operands built in the mma register layouts, 4-page tiles,
+    # ~840 SASS per tile against the transposed kernel's ~800 per 2 pages
     ScoreTuning(**SCORER_KERNELS["cuda"]),
-    ScoreTuning(select_path="one", select_tail="registers", **SCORER_KERNELS["cuda"]),
-    # The one-launch selection's last program in two short loops (session 11, topk_one._select_by_loops): 3.4K
-    # SASS for the whole kernel against the register tail's 23.9K, which between MLP-sized products (as in the
-    # engine, where every layer's GEMMs evict L2) took 30.3 µs at 128K against 15.1 alone
-    ScoreTuning(select_path="one", select_tail="loops", **SCORER_KERNELS["cuda"]),
-    ScoreTuning(select_path="one", select_tail="loops", tail_block=4096, **SCORER_KERNELS["cuda"]),
-    ScoreTuning(select_path="one", select_tail="loops", tail_block=1024, **SCORER_KERNELS["cuda"]),
-    # Earlier defaults and the launch shapes they beat: docs/results/score-sweep-h200*.md (sessions 1-6).
+    # The one-launch selection's tail (topk_one._select_by_loops) in steps of 2048 (default), 4096 and 1024 keys
+    ScoreTuning(select_path="one", **SCORER_KERNELS["cuda"]),
+    ScoreTuning(select_path="one", tail_block=4096, **SCORER_KERNELS["cuda"]),
+    ScoreTuning(select_path="one", tail_block=1024, **SCORER_KERNELS["cuda"]),
 )
 
 
@@ -146,7 +129,7 @@ def between_layers_work(kind: str, geom, batch: int, q: torch.Tensor, state: _Co
     """(work(rows index, selected) -> its last output, description): what runs after each layer's score + select in the chain.
     "mlp": one MLP-sized product (MLP_WIDTH_FACTOR). "layer": the rest of a decoder layer as the engine runs
     it, so as many distinct kernels pass through the SMs as there: the sparse decode + merge over the
-    selected pages, then `decoder_layer_rest`. Session 11: the loop tail took 18.0 µs between "mlp" products
+    selected pages, then `decoder_layer_rest`. On the H200 the loop tail took 18.0 µs between "mlp" products
     and 24.4 in the engine, where the four-launch kernels matched the sweep to 0.1 µs."""
     hidden = geom.num_q_heads * geom.head_dim
     dev, bf16 = q.device, torch.bfloat16
@@ -172,13 +155,13 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                query_scale: float = 1.0, between_layers: str | None = None, select_repeats: int = 1) -> list[dict]:
     """flat: zero queries, so every page scores the same and every key ties (the select path's worst case).
     query_scale: queries times this; a small one (1e-5 .. 3e-2) gives near-tied keys, which crowd the
-    threshold bin without tying it (what dummy-weight attention may look like; session 8 timed 1e-5, 1e-3, 3e-2).
+    threshold bin without tying it (what dummy-weight attention may look like; 1e-5, 1e-3 and 3e-2 have been timed).
     table_pages: block-table width (and workspace pages) when wider than the context's, as in an engine
     whose max_model_len exceeds the context: launch shapes follow the width, not the live pages.
     profile: also each kernel's µs per call (`profile_graph`), after the timings.
     between_layers: also the chain with other work after each layer (`between_layers_work`: "mlp" or
     "layer"), as the engine interleaves them: `in_chain_us` = (that chain - the work alone) per layer, and
-    with profile `chain_kernel_us`, each kernel's µs inside it (session 10: the one-launch selection takes
+    with profile `chain_kernel_us`, each kernel's µs inside it (on the H200 the one-launch selection took
     ~13 µs per layer more in the engine at 128K than alone, on the same keys).
     select_repeats: in that chain, launch the selection this many times per layer; `chain_kernel_us` then sums
     them. The later launches find the selection's code and data warm, so the sum against repeats x the first
@@ -275,8 +258,8 @@ def selection_problems(selected: torch.Tensor, keys: torch.Tensor, seq_len: int,
 
 
 def _nibble_path(tuning: dict) -> str:
-    """How the tile is decoded and contracted: int4 codes (words, '+pairs' side by side in K (s6: within
-    noise; part of the s8 diet) / mantissa bytes / int-to-float), '+vec' for vector coefficient loads, '+mma'
+    """How the tile is decoded and contracted: int4 codes (words, '+pairs' side by side in K (records of the
+    removed lean kernel) / mantissa bytes / int-to-float), '+vec' for vector coefficient loads, '+mma'
     for the tensor-core contraction ('/2t': two bf16 terms), '+exp2' the log2 epilogue, '+o32' 32-bit offsets."""
     codes = "words" if tuning.get("word_nibbles") else "mantissa" if tuning["mantissa_nibbles"] else "i2f"
     return (codes + ("+pairs" if tuning.get("word_pairs") and tuning.get("word_nibbles") else "")
@@ -284,17 +267,28 @@ def _nibble_path(tuning: dict) -> str:
             + ("/2t" if tuning.get("coef_terms") == 2 else "") + ("+exp2" if tuning.get("exp2_epilogue") else "")
             + ("+T" if tuning.get("transposed") else "")
             + ("+o32" if tuning.get("narrow_offsets") else "")
-            + ("+prefetch" if tuning.get("prefetch") else ""))  # s7 records: tile t+1's loads issued early (removed: slower)
+            + ("+prefetch" if tuning.get("prefetch") else ""))  # tile t+1's loads issued early (removed: slower)
+
+
+def _one_launch_tail(tuning: dict) -> str:
+    """The one-launch path's tail a record ran: records of the removed register and memory tails carry
+    `select_tail` (or, older, `register_select`, absent meaning registers); since those went, a record
+    carries neither but has `tail_block`, and its tail is the loops."""
+    if tuning.get("select_tail"):
+        return tuning["select_tail"]
+    if "register_select" in tuning:
+        return "registers" if tuning["register_select"] else "memory"
+    return "loops" if "tail_block" in tuning else "registers"
 
 
 def _select_path(tuning: dict) -> str:
     chunks = f"≤ {tuning.get('select_chunks', 64)} chunks"
-    # Records before session 5 carry row_select (True: the row path) instead of select_path.
+    # The oldest records carry row_select (True: the row path) instead of select_path.
     name = tuning.get("select_path") or ("row" if tuning.get("row_select") else "four")
     path = {"row": "row (2 launches)", "four": f"4 launches, {chunks}", "three": f"3 launches, {chunks}",
             "one": f"1 launch, {chunks}"}[name]
-    if name == "one":  # records before session 11 carry register_select instead of select_tail
-        tail = tuning.get("select_tail") or ("registers" if tuning.get("register_select", True) else "memory")
+    if name == "one":
+        tail = _one_launch_tail(tuning)
         path += f", {tail} tail" + (f" of {tuning['tail_block']}" if tuning.get("tail_block") else "")
     return path + ("" if tuning.get("coarse_pick", False) else ", full-scan pick")
 
@@ -310,7 +304,7 @@ def markdown(rows: list[dict]) -> str:
             lines.append(head + f"| — | {r['status']}: {r['reason'][:60]} | — | — | — |")
         else:
             check = "ok" if r["selection_problems"] is None else r["selection_problems"]
-            chained = f"{r['chained_us']:.1f}" if "chained_us" in r else "—"  # records before session 7 lack it
+            chained = f"{r['chained_us']:.1f}" if "chained_us" in r else "—"  # the oldest records lack it
             lines.append(head + f"| {r['chunks']} | {r['mean_us']:.1f} ± {r['sd_us']:.1f} | {r['select_us']:.1f} | {chained} "
                          f"| {r['same_selection']} ({check}) |")
     chained_mlp = [r for r in rows if "in_chain_us" in r]
@@ -320,7 +314,7 @@ def markdown(rows: list[dict]) -> str:
         for r in chained_mlp:
             t = r["tuning"]
             kernels = ", ".join(f"{name[:40]} {us:.1f}" for name, us in r.get("chain_kernel_us", {}).items())
-            work = r.get("between_what", "MLP-sized product")  # records before session 11 ran only that
+            work = r.get("between_what", "MLP-sized product")  # older records ran only that
             lines.append(f"| {format_size(r['context_tokens'])} | {_nibble_path(t)}, {_select_path(t)} | {work} "
                          f"| {r['in_chain_us']:.1f} ({r['mlp_us']:.1f}) | {kernels or '—'} |")
     profiled = [r for r in rows if r.get("kernel_us")]

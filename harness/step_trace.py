@@ -1,7 +1,7 @@
 """Where a decode step's time goes: torch.profiler over a few engine steps of one arm.
 
 The matched pair gives one number per step (TPOT); the kernel profile times Locks' kernels alone.
-When the two disagree (session 3: ~14 µs per layer of the Locks-vs-FA3 gap is in neither), this
+When the two disagree (once ~14 µs per layer of the Locks-vs-FA3 gap was in neither), this
 traces the real engine: one prompt of `context` tokens, `warm_steps` untraced decode steps, then
 `steps` decode steps inside the profiler, each wrapped in a named range. Per step it reports the wall
 time, the device time covered by kernels (union of their intervals), the idle rest, the kernel count
@@ -65,8 +65,8 @@ def summarize_steps(activities: Sequence[Activity], windows: Sequence[tuple[floa
 
     `windows` are the steps' host ranges (the wall time). An activity belongs to the step whose window
     contains its start: the step's device range when `device_windows` has one per step (on the GPU a
-    step's kernels run after its host range has moved on: assigned by host ranges, H200 session 4 saw
-    every other step own two steps' kernels), else its host range. A step's busy time counts its own
+    step's kernels run after its host range has moved on: assigned by host ranges, an H200 trace
+    had every other step own two steps' kernels), else its host range. A step's busy time counts its own
     activities wherever they run.
     """
     if not windows:

@@ -85,19 +85,15 @@ class SummaryFormat:
 
 
 # The Triton selection kernels after the score kernel (kernels/triton/score_select.ScoreTuning.select_path):
-# "four" launches (keys, gather, resolve, finalize), "three" (the same, finalize in the pair's last resolve
-# program), "one" (keys, then the pair's last program selects), "row" (keys, then one program per pair).
-# Every path selects the same pages.
-SELECT_PATHS: tuple[str, ...] = ("one", "four", "three", "row")
+# "one" (keys, then the pair's last program selects: topk_one.py) and "four" (keys, gather, resolve,
+# finalize: topk.py). Both select the same pages.
+SELECT_PATHS: tuple[str, ...] = ("one", "four")
 # The backend's `select` setting: a path, or "auto" (the default), which picks one per engine from its
-# block-table width (its max_model_len / 16): the one-launch path's last program works alone through every
-# contested page, and in the 40-layer engine that serial tail loses to four parallel launches on long tables
-# (H200, session 11, bs1, GLM-4-9B geometry: one 6.82 ms vs four 7.06 at 32K, one 7.78 vs four 7.45 at
-# 128K; `bench-decode-glm4-40L-fa3-locks-async-h200-s11.md`). At 64K (4120 pages) four launches won too,
-# 7.09 against 7.26 ms (session 12, `...-s12.md`); interpolating the step-time differences linearly in pages
-# between 2072 (one ahead by 0.24 ms) and 4120 (four ahead by 0.17) puts the crossover near 3270 pages (~52K
-# tokens). Why the one-launch kernel loses on long tables: launched twice per layer, its second launch is
-# 7.5 µs faster at 128K and 1 µs at 32K (the first finds its caches cold: `score_sweep --select-repeats`).
+# block-table width (its max_model_len / 16). The one-launch path's last program works alone through every
+# contested page, and in the 40-layer engine that serial tail loses to four parallel launches on long
+# tables (H200, bs1, GLM-4-9B geometry: one 6.82 ms vs four 7.06 at 32K, 7.26 vs 7.09 at 64K, 7.78 vs 7.45
+# at 128K). Interpolating linearly in pages between 2072 (one ahead by 0.24 ms) and 4120 (four ahead by
+# 0.17) puts the crossover near 3270 pages (~52K tokens); docs/decisions.md has the records.
 SELECT_CHOICES: tuple[str, ...] = ("auto",) + SELECT_PATHS
 AUTO_ONE_LAUNCH_MAX_PAGES = 3264
 
@@ -109,19 +105,12 @@ def select_path_for(select: str, table_pages: int) -> str:
     return "one" if table_pages <= AUTO_ONE_LAUNCH_MAX_PAGES else "four"
 
 
-# How the one-launch path's last program selects (ScoreTuning.select_tail), production first: "loops" (two
-# short loops at any context), "registers" (keys in register tensors up to 9216 contested pages; ~6K unrolled
-# instructions, fetched cold in the engine), "memory" (passes over memory).
-SELECT_TAILS: tuple[str, ...] = ("loops", "registers", "memory")
 # The score kernel's code paths by name (`triton.score_select.SCORER_KERNELS`), the production one first:
 # "cuda" (kernels/cuda/score_t.cu: every operand built in its mma's register layout; r8i4, d = 128, bf16 q,
-# G <= 16 on sm_90, the transposed kernel elsewhere; the H200 pair of session 10: -0.49 ms per step at 128K,
-# 1.16x FA3), "transposed" (query heads as the dots' M, V^T q never leaves registers, 2-page tiles: `triton/score_t.py`;
-# the H200 pair of session 9: -0.25 ms per step at 128K), "pages" (pages x basis columns as M: the kernel
-# before session 9), "lean" (pages, with paired int4 codes, a log2 epilogue and 32-bit row offsets: the same
-# scores up to fp32 rounding, fewer instructions). (Session 8's "lean2", V^T q in two bf16 terms, failed
-# bf16 select checks on the H200 in session 9 and is no longer offered: `score_select.TWO_TERM_DIET`.)
-SCORER_KERNELS: tuple[str, ...] = ("cuda", "transposed", "pages", "lean")
+# G <= 16 on sm_90, the transposed kernel elsewhere; H200 128K bs1: -0.49 ms per step), "transposed" (query
+# heads as the dots' M, V^T q never leaves registers, 2-page tiles: `triton/score_t.py`; -0.25 ms), "pages"
+# (pages x basis columns as M: `triton/score_select.py`, the one that serves every format and head size).
+SCORER_KERNELS: tuple[str, ...] = ("cuda", "transposed", "pages")
 
 
 @dataclass(frozen=True)

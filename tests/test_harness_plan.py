@@ -124,11 +124,10 @@ def test_arms_come_from_the_registry():
     assert parse_settings(get_arm("locks-four").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"]).select == "four"
     both = parse_settings(get_arm("locks-one-pdl").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
     assert both.pdl and both.select == "one" and both.locks.selection.page_budget == 128
-    assert parse_settings(get_arm("locks-three").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"]).select == "three"
-    for name, kernel in (("locks-pages", "pages"), ("locks-lean", "lean"), ("locks-cuda", "cuda"),
+    for name, kernel in (("locks-pages", "pages"), ("locks-cuda", "cuda"),
                          ("locks-transposed", "transposed")):  # other scorers, same pages
-        lean = parse_settings(get_arm(name).engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
-        assert lean.scorer_kernel == kernel and lean.select == "auto" and not lean.pdl
+        other = parse_settings(get_arm(name).engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
+        assert other.scorer_kernel == kernel and other.select == "auto" and not other.pdl
     peer = get_arm("locks-kv")
     assert peer.plugin_distribution == "locks-kv"
     assert peer.engine_kwargs(SparseKnobs(2048))["attention_config"] == {"backend": "FLASH_ATTN"}
@@ -138,7 +137,7 @@ def test_arms_come_from_the_registry():
         assert peer_config == {"variant": "fast", "budget_pages": 126, "sink_pages": 1, "window_pages": 1}
     assert peer.environment(SparseKnobs(1024), '{"x": 1}') == {"LOCKS_CONFIG": '{"x": 1}', "VLLM_PLUGINS": "locks"}
     # each engine loads only its arm's plugin: the peer's never sits in the FA3 / FlashInfer / Locks engines
-    for name in ("fa3", "flashinfer", "locks", "locks-one", "locks-three", "locks-pdl", "locks-one-pdl", "cpu", "locks-cpu"):
+    for name in ("fa3", "flashinfer", "locks", "locks-one", "locks-four", "locks-pdl", "locks-one-pdl", "cpu", "locks-cpu"):
         assert get_arm(name).environment(SparseKnobs(1024), None)["VLLM_PLUGINS"] == "locks_toolkit"
     with pytest.raises(ConfigError, match="unknown"):
         get_arm("sdpa")

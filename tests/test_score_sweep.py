@@ -50,14 +50,14 @@ def test_markdown_names_each_variants_selection_path():
                 "mean_us": 46.7, "sd_us": 0.2, "select_us": 20.0, "same_selection": True, "selection_problems": None}
 
     table = markdown([row(ScoreTuning()), row(ScoreTuning(coarse_pick=False, select_chunks=16, coef_vector=False)),
-                      row(ScoreTuning(select_path="row", word_nibbles=False)),
+                      {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning(word_nibbles=False)), "select_path": "row"}},
                       row(ScoreTuning(select_path="one", coef_mma=False)),
                       {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning()), "select_path": None, "row_select": True}},
                       {**row(ScoreTuning(coef_vector=False)), "tuning": {**asdict(ScoreTuning(coef_vector=False)), "word_pairs": True}},
-                      row(ScoreTuning(select_path="three")),
-                      row(ScoreTuning(select_path="one", select_tail="loops", tail_block=4096)),
+                      {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning()), "select_path": "three"}},
+                      {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning(select_path="one", tail_block=4096)), "select_tail": "loops"}},
                       {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning(select_path="one")), "select_tail": None,
-                                                        "register_select": False}}])  # a record before session 11
+                                                        "register_select": False}}])  # records of removed variants
     body = table.splitlines()[2:]
     assert f"| words+vec+mma | 4 launches, ≤ {ScoreTuning().select_chunks} chunks |" in body[0]
     assert "| words+mma | 4 launches, ≤ 16 chunks, full-scan pick |" in body[1]

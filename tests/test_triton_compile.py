@@ -28,10 +28,9 @@ def test_kernels_compile_for_sm90_without_spills():
     usage = json.loads(done.stdout.strip().splitlines()[-1])
     print(usage)
     assert set(usage) == {"_build_kernel", "_score_kernel", "_keys_kernel", "_gather_kernel", "_resolve_kernel",
-                          "_finalize_kernel", "_row_select_kernel", "_keys_select_kernel", "_sparse_decode_kernel", "_merge_kernel",
+                          "_finalize_kernel", "_keys_select_kernel", "_sparse_decode_kernel", "_merge_kernel",
                           "_score_kernel[bytes]", "_score_kernel[fma]", "_score_kernel[pdl]", "_keys_kernel[pdl]",
-                          "_sparse_decode_kernel[pdl]", "_resolve_kernel[final]", "_score_kernel[lean]",
-                          "_score_kernel[lean2]", "_score_t_kernel"}
+                          "_sparse_decode_kernel[pdl]", "_score_t_kernel"}
     # PDL: the kernel lets its dependents launch and waits for its predecessor (two griddepcontrol
     # instructions); without it there are none.
     assert all(facts["griddepcontrol"] == (2 if name.endswith("[pdl]") else 0) for name, facts in usage.items()), usage
@@ -39,11 +38,6 @@ def test_kernels_compile_for_sm90_without_spills():
     assert not spilled, f"register spills on sm_90: {spilled}"
     score, fma = usage["_score_kernel"], usage["_score_kernel[fma]"]
     assert score["loop_mma"] > fma["loop_mma"] > 0, (score, fma)
-    # The scorer is bound by instruction issue; the diet must shrink its tile loop (1626 -> 1402 -> 1276
-    # SASS on Triton 3.6), the two-term contraction by fewer mma as well.
-    lean, lean2 = usage["_score_kernel[lean]"], usage["_score_kernel[lean2]"]
-    assert score["loop_instructions"] > lean["loop_instructions"] > lean2["loop_instructions"], (score, lean, lean2)
-    assert lean2["loop_mma"] < lean["loop_mma"] == score["loop_mma"], (score, lean, lean2)
     # The transposed kernel (2-page tiles, G = 8 in 16 mma rows): the basis dot 4 shifts x 2 k-steps x 2 n-tiles,
     # the centroid dot 8 k-steps, the contraction's two terms 1 k-step x 4 n-tiles each; V^T q never goes
     # through shared memory, so fewer shared stores than the pages kernel's whole tile of 4 pages.

@@ -8,7 +8,6 @@ import triton
 import triton.language as tl
 from locks_toolkit.kernels.reference.testing import fresh_seed
 from locks_toolkit.kernels.triton.checks import (
-    LEAN_VARIANTS,
     MANY_PAGES_CASE,
     SCORER_VARIANTS,
     SELECT_CASES,
@@ -21,11 +20,11 @@ from locks_toolkit.kernels.config import SummaryFormat
 from locks_toolkit.kernels.reference.packing import SummaryLayout
 from locks_toolkit.kernels.triton._common import RowConstants
 from locks_toolkit.kernels.triton.ops import transposed_fits
+from locks_toolkit.kernels.triton.score_t import _q_shifts
 from locks_toolkit.kernels.triton.score_select import (
     ScoreTuning,
     _nibble_value,
     _paired_codes,
-    _q_pair,
     _word_codes,
     word_decode_fits,
 )
@@ -160,67 +159,34 @@ def _case_id(c: SelectCase) -> str:
 @pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-{c.combine}-k{c.page_budget}"
                          + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
                          + f"-n{sum(c.seq_lens)}")
-@pytest.mark.parametrize("path", ["three", "one", "row"])
-def test_other_select_paths_match_reference(device, case, path):
-    """Selection in three launches (the last resolve program of a pair finalizes it), in one (the pair's
-    last program selects, production register sizes) and in two (keys + one program per pair) against
-    the reference, on every select case: ties to the lower ids, near-flat pages, dense fallback, a
-    crowded threshold bin. (Four launches: the default, above.)"""
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path=path))
+def test_one_launch_select_matches_reference(device, case):
+    """Selection in one launch (the pair's last program selects) against the reference, on every select
+    case: ties to the lower ids, near-flat pages, dense fallback, a crowded threshold bin. (Four
+    launches: the kernel-level default, above.)"""
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one"))
     assert result.ok, str(result)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", ROW_CASES, ids=_case_id)
-@pytest.mark.parametrize("cand", [1, 64])
-def test_one_launch_select_memory_paths_match_reference(device, case, cand, monkeypatch):
-    """The one-launch path's passes over memory (contexts whose keys do not fit in registers): with a
-    threshold bin of at most `cand` pages the bin is ranked in registers, else the binary-search passes
-    run; cand=1 sends nearly every bin there, 64 (the default) only crowded ones."""
-    from locks_toolkit.kernels.triton import topk_one
-
-    monkeypatch.setattr(topk_one, "CAND", cand)
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one", select_tail="memory"))
-    assert result.ok, str(result)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ROW_CASES, ids=_case_id)
-@pytest.mark.parametrize("block,compact", [(16, 1), (16, 256), (2048, 256)])
-def test_one_launch_loop_tail_matches_reference(device, case, block, compact, monkeypatch):
-    """The one-launch path's loop tail (`select_tail="loops"`): with 16-key steps every case takes several
-    steps of both passes and the prefetch of the next step; compact=1 sends every bin of two pages or more to
-    the binary search over the compacted list (flat pages: a bin of one value, no search pass), 256 (the
-    production size) resolves the bin in registers; 2048 is the production step (one step here)."""
+@pytest.mark.parametrize("block,compact", [(16, 1), (16, 256)])
+def test_one_launch_tail_in_small_steps_matches_reference(device, case, block, compact, monkeypatch):
+    """The one-launch path's tail: with 16-key steps every case takes several steps of both passes and the
+    prefetch of the next step; compact=1 sends every bin of two pages or more to the binary search over the
+    compacted list (flat pages: a bin of one value, no search pass), 256 (the production size) resolves the
+    bin in registers. (The production step, 2048 keys, is one step here: the test above.)"""
     from locks_toolkit.kernels.triton import topk_one
 
     monkeypatch.setattr(topk_one, "LOOP_BLOCK", block)
     monkeypatch.setattr(topk_one, "COMPACT", compact)
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one", select_tail="loops"))
-    assert result.ok, str(result)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ROW_CASES, ids=_case_id)
-@pytest.mark.parametrize("compact", [1, 256])
-def test_one_launch_select_register_sizes_match_reference(device, case, compact, monkeypatch):
-    """The last program's register tensors shrunk to 16 / 32 / 64 (+ 1/8 each: 18 / 36 / 72 pages), so
-    these cases take every branch, the second tensor included (69 contested pages in SELECT_CASES[4]
-    reach past 64), and beyond 72 pages the passes over memory; production sizes are 2048 / 4096 / 8192.
-    A threshold bin of at most `compact` pages is compacted (1: every bin of two pages or more is searched in place;
-    256, the production size: every bin of these cases but the flat ones)."""
-    from locks_toolkit.kernels.triton import topk_one
-
-    for name, size in (("REG_SMALL", 16), ("REG_MID", 32), ("REG_LARGE", 64), ("COMPACT", compact)):
-        monkeypatch.setattr(topk_one, name, size)
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one", select_tail="registers"))
+    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one"))
     assert result.ok, str(result)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", [MANY_PAGES_CASE, SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.combine}-n{sum(c.seq_lens)}")
 @pytest.mark.parametrize("coarse_pick", [True, False])
-@pytest.mark.parametrize("path", ["one", "four", "three"])
+@pytest.mark.parametrize("path", ["one", "four"])
 def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case, coarse_pick, path):
     """The score grid's chunk normalizers are merged in full when the selection runs over fewer chunks
     (the production default at bs1 on the H200: 128 score chunks, 64 selection chunks); both threshold
@@ -250,22 +216,19 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     q = torch.randn((seqs, hkv * group, d), generator=gen).to(device)
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     picks = []
-    for tuning in (ScoreTuning(select_path="row"), ScoreTuning(), ScoreTuning(select_path="one"),
-                   ScoreTuning(select_path="one", select_tail="registers"),
-                   ScoreTuning(select_path="three"), ScoreTuning(select_path="one", select_tail="memory"),
-                   ScoreTuning(select_path="row", coarse_pick=False), ScoreTuning(select_path="one", coarse_pick=False),
-                   ScoreTuning(coarse_pick=False), ScoreTuning()):
+    for tuning in (ScoreTuning(), ScoreTuning(select_path="one"), ScoreTuning(select_path="one", coarse_pick=False),
+                   ScoreTuning(coarse_pick=False), ScoreTuning(), ScoreTuning(select_path="one")):
         selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
         ops.score_select(q, rows, table, lens, selected, layout, k, d**-0.5, workspace=ws, tuning=tuning)
         picks.append(selected.cpu())
     assert all(torch.equal(p, picks[0]) for p in picks[1:]), picks
     assert int(ws.hist.abs().sum()) == 0 and int(ws.low_hist.abs().sum()) == 0
-    slot_counter = ws.counts.shape[1] // 2 - 1  # counts [R, 2C + 2]: [:, C] slot counter, [:, 2C + 1] arrivals
-    assert int(ws.counts[:, slot_counter].abs().sum()) == 0 and int(ws.counts[:, -1].abs().sum()) == 0
+    slot_counter = ws.counts.shape[1] // 2 - 1  # counts [R, 2C + 2]: [:, C] slot counter and arrivals
+    assert int(ws.counts[:, slot_counter].abs().sum()) == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", ["one", "one-memory", "one-loops", "four", "three", "row"])
+@pytest.mark.parametrize("path", ["one", "four"])
 def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path):
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
@@ -293,7 +256,7 @@ def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(devic
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
     ops.score_select(q.to(device), rows, table, lens, selected, layout, k, d**-0.5, workspace=ws,
-                     tuning=ScoreTuning(select_path=path.split("-")[0], select_tail=(path.split("-") + ["registers"])[1]))
+                     tuning=ScoreTuning(select_path=path))
     contested = ws.keys[: seqs * hkv, 1 : pages - 1]
     assert bool(((contested == contested.min(dim=1, keepdim=True).values).sum(dim=1) > 100).all())  # the ties at stake
     assert selection_problems(selected, ws.keys, seq_len, k) is None, selected.tolist()
@@ -309,9 +272,8 @@ def test_select_battery_checks_every_requested_path_on_bf16_queries(device):
     assert len(results) == 4
     assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
     assert sum("select_path='one'" in r.name for r in results) == 2
-    assert not any("select_path='three'" in r.name for r in results)
-    lean = select_battery(device, fresh_seed(), ("four",), cases=[SELECT_CASES[4]], scorer="lean")
-    assert len(lean) == 1 and lean[0].ok and "word_pairs=True" in lean[0].name, [str(r) for r in lean]
+    transposed = select_battery(device, fresh_seed(), ("four",), cases=[SELECT_CASES[4]], scorer="transposed")
+    assert len(transposed) == 1 and transposed[0].ok and "transposed=True" in transposed[0].name, [str(r) for r in transposed]
 
 
 def test_checks_cli_names_the_paths_when_one_is_unknown():
@@ -322,19 +284,6 @@ def test_checks_cli_names_the_paths_when_one_is_unknown():
                          capture_output=True, text=True, env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
     assert out.returncode != 0
     assert "unknown path(s) ['fast']" in out.stderr and "four" in out.stderr
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tuning", LEAN_VARIANTS, ids=lambda t: f"terms{t.coef_terms}")
-@pytest.mark.parametrize("case", WORD_CASES[:2] + [SELECT_CASES[4], SELECT_CASES[2], SELECT_CASES[8]],
-                         ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-n{sum(c.seq_lens)}")
-@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
-def test_lean_scorer_selects_what_the_reference_selects(device, tuning, case, q_dtype):
-    """Paired int4 codes, the log2 epilogue and 32-bit row offsets (and two bf16 terms of V^T q) select
-    what the fp64 reference selects: on the word path (d = 128), for G = 8 the tensor-core contraction,
-    and the fp16 and int8 formats (their rows addressed in 2-byte and 1-byte units)."""
-    result = check_score_select(device, case, fresh_seed(), q_dtype=q_dtype, tuning=tuning)
-    assert result.ok, str(result)
 
 
 G16_CASE = SelectCase((16 * 45 + 9,), group=16, head_dim=128, page_budget=8, num_kv_heads=2)  # M = G: no spare rows
@@ -366,16 +315,21 @@ def test_transposed_scorer_runs_where_its_dots_fit():
 
 @triton.jit
 def _pair_words(words_ptr, q_ptr, codes_ptr, qrows_ptr, M: tl.constexpr, D: tl.constexpr):
-    """codes[s, m, k] = _paired_codes(words, 4s)[m, k]; qrows[s, k] = _q_pair(q, s)[k, 0] (q as one column)."""
+    """codes[s, m, k] = _paired_codes(words, 4s)[m, k]; qrows[s, k] = score_t._q_shifts(q)[s][0, k] (the
+    transposed kernel's query operands; q repeated in M rows)."""
     m = tl.arange(0, M)
     words = tl.load(words_ptr + m[:, None] * (D // 8) + tl.arange(0, D // 8)[None, :])
     k = tl.arange(0, D // 4)
-    one = tl.arange(0, 1) < 1
     for S in tl.static_range(4):
         codes = _paired_codes(words, 4 * S, M, D, tl.float32)
         tl.store(codes_ptr + S * M * (D // 4) + m[:, None] * (D // 4) + k[None, :], codes)
-        rows = _q_pair(q_ptr + tl.arange(0, 1)[None, :], S, D, one, tl.float32)  # [D/4, 1]
-        tl.store(qrows_ptr + S * (D // 4) + k[:, None] + tl.arange(0, 1)[None, :], rows)
+    q = tl.load(q_ptr + 0 * m[:, None] + tl.arange(0, D)[None, :])  # [M, D]
+    q0, q1, q2, q3 = _q_shifts(q, M, D)
+    first = m[:, None] == 0
+    tl.store(qrows_ptr + 0 * (D // 4) + 0 * m[:, None] + k[None, :], q0, mask=first)
+    tl.store(qrows_ptr + 1 * (D // 4) + 0 * m[:, None] + k[None, :], q1, mask=first)
+    tl.store(qrows_ptr + 2 * (D // 4) + 0 * m[:, None] + k[None, :], q2, mask=first)
+    tl.store(qrows_ptr + 3 * (D // 4) + 0 * m[:, None] + k[None, :], q3, mask=first)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -402,9 +356,9 @@ def test_paired_codes_and_query_rows_pair_the_same_dims(device):
 
 
 @pytest.mark.parametrize("device", [d for d in DEVICES if d == "cpu"] or [pytest.param("cpu", marks=pytest.mark.skip(reason="interpreter only"))])
-@pytest.mark.parametrize("path", ["one", "three", "four"])
+@pytest.mark.parametrize("path", ["one", "four"])
 def test_selection_does_not_depend_on_the_order_programs_run_in(device, path):
-    """The paths whose last program to arrive finishes the pair (one, three) or whose programs share
+    """The path whose last program to arrive finishes the pair (one) or whose programs share
     counters (four), with every launch's programs run in reverse grid order (`reversed_program_order`)."""
     from locks_toolkit.kernels.triton.checks import reversed_program_order
 

@@ -100,8 +100,8 @@ def test_settings_parse_every_key():
     assert settings.select == "auto" and parse_settings({"select": "four"}).select == "four"
     assert "select=four" in parse_settings({"select": "four"}).describe()
     assert not settings.pdl and parse_settings({"pdl": True}).pdl and "pdl=True" in parse_settings({"pdl": True}).describe()
-    assert settings.scorer_kernel == "cuda" and parse_settings({"scorer_kernel": "lean"}).scorer_kernel == "lean"
-    assert "scorer_kernel=lean" in parse_settings({"scorer_kernel": "lean"}).describe()
+    assert settings.scorer_kernel == "cuda" and parse_settings({"scorer_kernel": "pages"}).scorer_kernel == "pages"
+    assert "scorer_kernel=pages" in parse_settings({"scorer_kernel": "pages"}).describe()
 
 
 def test_scorer_kernel_setting_reaches_the_triton_tuning():
@@ -117,8 +117,8 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
         assert ops.tuning_for(8256) == replace(DEFAULT_TUNING, select_path="one", **fields)  # the tuning launches use
     assert TritonOps(scorer_kernel="pages")._tuning.transposed is False and TritonOps()._tuning.transposed
     assert TritonOps()._tuning.cuda and not TritonOps(scorer_kernel="transposed")._tuning.cuda
-    with pytest.raises(ConfigError, match="use one of cuda, transposed, pages, lean"):
-        parse_settings({"scorer_kernel": "lean2"})  # wrong on the H200 (session 9): not offered
+    with pytest.raises(ConfigError, match="use one of cuda, transposed, pages"):
+        parse_settings({"scorer_kernel": "lean"})  # removed: not offered
 
 
 @pytest.mark.parametrize(
@@ -132,9 +132,9 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
         ({"combine": "mean"}, "combine rule 'mean' unknown"),
         ({"scorer": "moment"}, "not served by the vLLM backend"),
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
-        ({"select": "two"}, "select 'two' unknown; use one of auto, one, four, three, row"),
+        ({"select": "two"}, "select 'two' unknown; use one of auto, one, four"),
         ({"pdl": "yes"}, "pdl must be true or false"),
-        ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of cuda, transposed, pages, lean"),
+        ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of cuda, transposed, pages"),
         ([1, 2], "must be a dict"),
     ],
 )

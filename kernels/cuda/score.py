@@ -6,7 +6,7 @@ accepts: r8i4 rows (d = 128, 16-token pages), bf16 queries, G <= 16, 16-byte ali
 rows, an sm_90 device. Everything else runs the Triton kernels. Reference: `reference.score.summary_page_scores`.
 
 Why CUDA here: the Triton kernels spend most of their instructions moving int4 words and V^T q between
-register layouts (ncu, session 9: issue-bound at ~800 SASS per 2-page tile). This kernel builds every operand
+register layouts (ncu: issue-bound at ~800 SASS per 2-page tile). This kernel builds every operand
 in the layout of the mma that reads it (~840 SASS per 4-page tile, `python -m locks_toolkit.kernels.cuda.score
 --sass`).
 """

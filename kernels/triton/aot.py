@@ -44,7 +44,6 @@ PRODUCTION_HINTS: dict[str, dict[str, int]] = {
     "_gather_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
     "_resolve_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
     "_finalize_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
-    "_row_select_kernel": {"max_pages": 16, "K": 16},
     "_keys_select_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16, "num_score_chunks": 16},
     "_sparse_decode_kernel": {"s_qs": 16, "s_qh": 16, "s_kb": 16, "s_kt": 16, "s_kh": 16, "s_vb": 16, "s_vt": 16,
                               "s_vh": 16, "s_bt": 16, "K": 16},
@@ -94,15 +93,12 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
                                   "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
          dict(K_PAD=next_pow2(page_budget), COARSE_PICK=pick, CHUNKS_PAD=next_pow2(_ss.DEFAULT_TUNING.select_chunks),
               **select_common), _topk.FINAL_WARPS),
-        (_topk._row_select_kernel, {"keys_ptr": "*i32", "hist_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
-         dict(B=PAGE_SIZE, NBINS=_topk.HIST_BINS, LOW_BITS=_topk.LOW_BITS, BLOCK=_topk.ROW_BLOCK,
-              K_PAD=next_pow2(page_budget), COARSE_PICK=pick), _topk.ROW_WARPS),
         (_one._keys_select_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32",
                                     "keys_ptr": "*i32", "hist_ptr": "*i32", "counts_ptr": "*i32", "cand_low_ptr": "*i32",
                                     "cand_page_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
          dict(G=group, GS=gs, RULE=0, BLOCK=_topk.KEYS_BLOCK, STEPS=_topk.KEY_STEPS_PER_UNIT, WINDOW=_topk.AGG_WINDOW,
-              K_PAD=next_pow2(page_budget), CAND=_one.CAND, SELECT_BLOCK=_one.SELECT_BLOCK, COARSE_PICK=pick,
-              TAIL=_one.TAIL_CODES[_ss.DEFAULT_TUNING.select_tail], LOOP_BLOCK=_one.LOOP_BLOCK, SCP=_ss.DEFAULT_TUNING.max_chunks, **_one.register_sizes(), **select_common), _one.SELECT_WARPS),
+              K_PAD=next_pow2(page_budget), COARSE_PICK=pick, LOOP_BLOCK=_one.LOOP_BLOCK, COMPACT=_one.COMPACT,
+              SCP=_ss.DEFAULT_TUNING.max_chunks, **select_common), _one.SELECT_WARPS),
         (_decode._sparse_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
                                          "seq_lens_ptr": "*i32", "sel_ptr": "*i32", "part_out_ptr": "*fp32",
                                          "part_lse_ptr": "*fp32", "scale": "fp32"},
@@ -112,29 +108,17 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
     ]
 
 
-# checks.LEAN_VARIANTS as ops.py passes them at the production geometry (rows buffer < 2 GiB, RP = 8).
-LEAN = {"WORD_PAIRS": True, "EXP2": True, "ROWS32": True}
-
-
 def _variants(**geometry) -> list[tuple[str, tuple]]:
-    """(name, spec): every production kernel, plus the score kernel's byte path (the default before
-    2026-11-29 s4: int4 codes decoded per byte, one load per coefficient), its FMA coefficient
-    contraction (the default before 2026-11-30 s6), its instruction diet (`[lean]`, `[lean2]`, the two-term diet that failed on the H200: checks.LEAN_VARIANTS),
-    three kernels with programmatic dependent launch (`[pdl]`) and the resolve kernel that finalizes (the
-    three-launch selection)."""
+    """(name, spec): every production kernel, plus the score kernel's byte path (int4 codes decoded per
+    byte, one load per coefficient: formats without whole 32-bit words), its FMA coefficient contraction
+    (r < 4, or G < 8 on 16-bit dots) and three kernels with programmatic dependent launch (`[pdl]`)."""
     specs = _specs(**geometry)
     named = [(spec[0].__name__, spec) for spec in specs]
     fn, pointers, constexprs, warps = next(spec for spec in specs if spec[0] is _ss._score_kernel)
     with_pdl = [(f"{name}[pdl]", (spec[0], spec[1], {**spec[2], "PDL": True}, spec[3])) for name, spec in named
                 if name in ("_score_kernel", "_keys_kernel", "_sparse_decode_kernel")]
-    resolve = next(spec for spec in specs if spec[0] is _topk._resolve_kernel)
-    page_budget = geometry.get("page_budget", 128)
-    final = [("_resolve_kernel[final]", (resolve[0], resolve[1], {**resolve[2], "FINAL": True, "K_PAD": next_pow2(page_budget),
-                                                                  "CHUNKS_PAD": next_pow2(_ss.DEFAULT_TUNING.select_chunks)}, resolve[3]))]
-    return named + with_pdl + final + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps)),
-                               ("_score_kernel[fma]", (fn, pointers, {**constexprs, "COEF_MMA": False}, warps)),
-                               ("_score_kernel[lean]", (fn, pointers, {**constexprs, **LEAN}, warps)),
-                               ("_score_kernel[lean2]", (fn, pointers, {**constexprs, **LEAN, "COEF_TWO": True}, warps))]
+    return named + with_pdl + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps)),
+                               ("_score_kernel[fma]", (fn, pointers, {**constexprs, "COEF_MMA": False}, warps))]
 
 
 def compile_kernel(fn, pointer_types: dict, constexprs: dict, warps, target: GPUTarget = SM90):

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..config import PAGE_SIZE, SELECT_PATHS, SELECT_TAILS, SummaryFormat, cdiv, scored_pages
+from ..config import PAGE_SIZE, SELECT_PATHS, SummaryFormat, cdiv, scored_pages
 from ..reference.attention import paged_decode_reference
 from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
 from ..reference.score import summary_page_scores
@@ -23,8 +23,8 @@ from ..reference.summary import build_page_summaries, reconstruct_keys
 from ..reference.testing import gaussian_keys, generator, low_rank_keys
 from . import ops
 from ._common import FP32_EPS, RowConstants
-from .decode import DEFAULT_DECODE, SESSION2_DECODE, DecodeTuning
-from .score_select import DEFAULT_TUNING, SCORER_KERNELS, TWO_TERM_DIET, ScoreTuning
+from .decode import DEFAULT_DECODE, TWO_PAGE_DECODE, DecodeTuning
+from .score_select import DEFAULT_TUNING, SCORER_KERNELS, ScoreTuning
 
 _SCORER_DEFAULT = next(iter(SCORER_KERNELS))  # the backend's score kernel (config.SCORER_KERNELS[0])
 
@@ -345,10 +345,10 @@ DECODE_CASES = [
     DecodeCase((16 * 10 + 7,), group=7, head_dim=128, page_budget=None),
 ]
 
-# Launch shapes other than the default's that the decode must also get right: sessions 2-11's (two iterations,
+# Launch shapes other than the default's that the decode must also get right: the earlier default (two iterations,
 # the merge waiting on each lse), 64 splits, one page per iteration, a single split
 DECODE_TUNINGS = (
-    SESSION2_DECODE,
+    TWO_PAGE_DECODE,
     DecodeTuning(pages_per_iter=2, max_splits=64, warps=4, stages=1),
     DecodeTuning(pages_per_iter=1, max_splits=128, waves=4, warps=4, stages=1),
     DecodeTuning(pages_per_iter=8, max_splits=1, stages=1, merge_eager=False),
@@ -379,12 +379,10 @@ def gpu_smoke_checks(device: str, seed: int) -> list[CheckResult]:
 
 
 # The scorer's non-default paths (the default runs in every other check): the FMA coefficient
-# contraction, and the s4/s5 launch shape (4 warps x 16 pages).
+# contraction (what runs where the tensor-core one does not apply: r < 4, or G < 8 on 16-bit dots), and
+# a wide launch shape (4 warps x 16 pages).
 SCORER_VARIANTS = (ScoreTuning(coef_mma=False), ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False))
-# The scorer's instruction diet (session 8, untimed): exact up to fp32 rounding, and with two bf16 terms
-# of V^T q in the coefficient contraction (16 significant bits).
-LEAN_VARIANTS = (ScoreTuning(**SCORER_KERNELS["lean"]), ScoreTuning(**TWO_TERM_DIET))  # the second fails on the H200
-# The transposed kernel (session 9, production through the backend): 2- and 4-page tiles.
+# The transposed kernel (the backend's Triton scorer, where the CUDA one declines): 2- and 4-page tiles.
 TRANSPOSED_VARIANTS = (ScoreTuning(**SCORER_KERNELS["transposed"]), ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4}))
 
 
@@ -397,11 +395,11 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
     results.append(check_score_select(device, MANY_PAGES_CASE, seed, torch.bfloat16))
     results += [check_decode(device, c, seed + i, t) for i, c in enumerate(DECODE_CASES)
                 for t in (torch.bfloat16, torch.float32)]
-    results += [check_score_select(device, c, seed + i, tuning=ScoreTuning(select_path="three"))
+    results += [check_score_select(device, c, seed + i, tuning=ScoreTuning(select_path="one"))
                 for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE])]
     # the scorer's other paths on bf16 queries
     results += [check_score_select(device, c, seed + i, torch.bfloat16, tuning=t)
-                for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE]) for t in SCORER_VARIANTS + LEAN_VARIANTS + TRANSPOSED_VARIANTS]
+                for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE]) for t in SCORER_VARIANTS + TRANSPOSED_VARIANTS]
     if torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
         # programmatic dependent launch: sm_90 only (the interpreter has no griddepcontrol)
         results += [check_score_select(device, c, seed + i, tuning=ScoreTuning(select_path=path, pdl=True))
@@ -422,17 +420,16 @@ CUDA_CASES = [
 ]
 
 
-def cuda_battery(device: str, seed: int, paths=("four", "one"), tail: str = SELECT_TAILS[0]) -> list[CheckResult]:
+def cuda_battery(device: str, seed: int, paths=("four", "one")) -> list[CheckResult]:
     """CUDA_CASES through the CUDA score kernel, each also failing if the kernel did not serve it (fell back to
-    Triton): the GPU check before timing `scorer_kernel="cuda"` (`python -m ...triton.checks --cuda`); `tail`:
-    the one-launch path's last program (config.SELECT_TAILS)."""
+    Triton): the GPU check before timing `scorer_kernel="cuda"` (`python -m ...triton.checks --cuda`)."""
     from ..cuda import score as cuda_score  # noqa: PLC0415 - needs a GPU to mean anything
 
     results = []
     for path in paths:
         for i, case in enumerate(CUDA_CASES):
             res = check_score_select(device, case, seed + i, torch.bfloat16,
-                                     tuning=ScoreTuning(select_path=path, select_tail=tail, **SCORER_KERNELS["cuda"]))
+                                     tuning=ScoreTuning(select_path=path, **SCORER_KERNELS["cuda"]))
             rc = RowConstants.of(SummaryLayout(SummaryFormat.parse(case.fmt), case.head_dim))
             q = torch.empty((1, case.num_kv_heads * case.group, case.head_dim), dtype=torch.bfloat16, device=device)
             rows = torch.empty((1, case.num_kv_heads, rc.row_bytes), dtype=torch.uint8, device=device)
@@ -442,16 +439,15 @@ def cuda_battery(device: str, seed: int, paths=("four", "one"), tail: str = SELE
     return results
 
 
-def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, scorer: str = _SCORER_DEFAULT,
-                   tail: str = SELECT_TAILS[0]) -> list[CheckResult]:
+def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, scorer: str = _SCORER_DEFAULT) -> list[CheckResult]:
     """Every select case (default: SELECT_CASES + MANY_PAGES_CASE) on bf16 queries, once per selection
     path, with the score kernel's code path `scorer` (score_select.SCORER_KERNELS): the GPU check to run
-    before timing a selection or scorer change (`python -m ...triton.checks --select four,three,one
-    [--scorer lean] [--tail loops]`). The interpreter runs a launch's programs one after another, so a race between
-    programs of one kernel shows only here (session 8: `gpu-checks-h200-s8.log`)."""
+    before timing a selection or scorer change (`python -m ...triton.checks --select four,one
+    [--scorer transposed]`). The interpreter runs a launch's programs one after another, so a race between
+    programs of one kernel shows only on a GPU."""
     cases = SELECT_CASES + [MANY_PAGES_CASE] if cases is None else cases
     return [check_score_select(device, c, seed + i, torch.bfloat16,
-                               tuning=ScoreTuning(select_path=path, select_tail=tail, **SCORER_KERNELS[scorer]))
+                               tuning=ScoreTuning(select_path=path, **SCORER_KERNELS[scorer]))
             for path in paths for i, c in enumerate(cases)]
 
 
@@ -500,14 +496,12 @@ if __name__ == "__main__":
     parser.add_argument("--decode", action="store_true", help="the decode cases under each of DECODE_TUNINGS")
     parser.add_argument("--scorer", default=_SCORER_DEFAULT, choices=tuple(SCORER_KERNELS),
                         help="with --select: the score kernel's code path (score_select.SCORER_KERNELS)")
-    parser.add_argument("--tail", default=SELECT_TAILS[0], choices=SELECT_TAILS,
-                        help="with --select or --cuda: the one-launch path's last program (config.SELECT_TAILS)")
     args = parser.parse_args()
     devices = available_devices()
     if not devices:
         sys.exit("no device: set TRITON_INTERPRET=1 (CPU) or run on a GPU")
     if args.cuda:
-        battery = cuda_battery(devices[0], fresh_seed(), tail=args.tail)
+        battery = cuda_battery(devices[0], fresh_seed())
     elif args.decode:
         battery = decode_battery(devices[0], fresh_seed())
     elif args.select:
@@ -515,7 +509,7 @@ if __name__ == "__main__":
         unknown = [p for p in paths if p not in SELECT_PATHS]
         if unknown:
             sys.exit(f"--select: unknown path(s) {unknown}; choose from {', '.join(SELECT_PATHS)}")
-        battery = select_battery(devices[0], fresh_seed(), paths, scorer=args.scorer, tail=args.tail)
+        battery = select_battery(devices[0], fresh_seed(), paths, scorer=args.scorer)
     else:
         battery = full_battery(devices[0], fresh_seed())
     for result in battery:

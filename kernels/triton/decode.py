@@ -12,9 +12,9 @@ query head and split; `_merge_kernel`, grid (S * Hq,), combines the splits by lo
 writes out in q's dtype. Each iteration is three dependent memory round trips (slot -> block table -> K/V),
 which at bs1 cost more than the bytes: `DecodeTuning` sets how many iterations a program walks.
 The merge stays a launch of its own. Merging in the decode launch lost twice on the H200 at bs1:
-- in the last split to arrive: 1.1-1.4 µs slower (`score-sweep-h200-s5.md`);
+- in the last split to arrive: 1.1-1.4 µs slower;
 - in G merger programs per pair that wait on an arrival counter: 8.3 µs at best against 7.5 for both
-  launches (session 12, commit `1064240`, `bench-decode-glm4-40L-fa3-locks-async-h200-s12.md`).
+  launches (commit `1064240`).
 The split count is fixed by the workspace and the batch shape, never by data, so one captured graph serves
 every context.
 Bytes: k * B * d * 2 * elt (K+V, 1 MB per (seq, KV head) at b=2048, d=128, bf16)
@@ -61,10 +61,11 @@ class DecodeTuning:
 
 
 # One 4-page iteration per program at bs1, b = 2048 (32 splits x 4 KV heads), 8 warps, the eager merge. In a
-# decoder layer on the H200 (session 12, `harness.decode_sweep`) decode + merge took 5.2 + 2.3 µs at bs1 and
-# 14.6 + 2.5 at bs8, against 5.8 + 2.5 and 17.4 + 2.5 for the shape of sessions 2-11 (`SESSION2_DECODE`).
+# decoder layer on the H200 (`harness.decode_sweep`) decode + merge took 5.2 + 2.3 µs at bs1 and 14.6 + 2.5
+# at bs8, against 5.8 + 2.5 and 17.4 + 2.5 for the earlier shape (`TWO_PAGE_DECODE`: two 2-page iterations,
+# 4 warps, the merge waiting on each lse).
 DEFAULT_DECODE = DecodeTuning()
-SESSION2_DECODE = DecodeTuning(pages_per_iter=2, warps=4, merge_eager=False)
+TWO_PAGE_DECODE = DecodeTuning(pages_per_iter=2, warps=4, merge_eager=False)
 
 
 @dataclass(frozen=True)

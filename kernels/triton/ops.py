@@ -261,8 +261,6 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
         MANTISSA=tuning.mantissa_nibbles,
         WORDS=tuning.word_nibbles and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset),
         COEF_VEC=tuning.coef_vector, COEF_MMA=tuning.coef_mma and rc.rank >= 4 and (fp32 or group >= 8), PDL=tuning.pdl, launch_pdl=tuning.pdl,
-        WORD_PAIRS=tuning.word_pairs, EXP2=tuning.exp2_epilogue,
-        COEF_TWO=tuning.coef_terms == 2 and next_pow2(rc.rank) >= 8,  # K = 2 RP must reach 16
         ROWS32=tuning.narrow_offsets and summary_rows.numel() < 2**31,
         num_warps=tuning.warps, maxnreg=tuning.maxnreg,
     )
@@ -272,7 +270,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
 def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget,
                    tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING) -> None:
     """The selection launches of score_select after the score kernel (`tuning.select_path`: one
-    launch, topk_one.py; four, three, or keys + row kernel, topk.py; arguments already checked), over
+    launch, topk_one.py, or four, topk.py; arguments already checked), over
     min(score_chunks, tuning.select_chunks) chunks per pair. The kernel bench times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
@@ -286,8 +284,7 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
         _one._keys_select_kernel[(pairs, chunks)](
             ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, ws.cand_low, ws.cand_page,
             seq_lens, selected_pages, *sizes, score_chunks,
-            K_PAD=next_pow2(page_budget), CAND=_one.CAND, SELECT_BLOCK=_one.SELECT_BLOCK,
-            TAIL=_one.TAIL_CODES[tuning.select_tail], LOOP_BLOCK=tuning.tail_block or _one.LOOP_BLOCK, **_one.register_sizes(),
+            K_PAD=next_pow2(page_budget), LOOP_BLOCK=tuning.tail_block or _one.LOOP_BLOCK, COMPACT=_one.COMPACT,
             num_warps=tuning.select_warps or _one.SELECT_WARPS, **keys, **pick,
         )
         return
@@ -295,25 +292,15 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
         ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, seq_lens, *sizes, score_chunks,
         num_warps=_sel.KEYS_WARPS, PDL=tuning.pdl, launch_pdl=tuning.pdl, **keys,
     )
-    if tuning.select_path == "row":
-        _sel._row_select_kernel[(pairs,)](
-            ws.keys, ws.hist, seq_lens, selected_pages, num_kv_heads, ws.max_pages, page_budget,
-            B=PAGE_SIZE, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS, BLOCK=_sel.ROW_BLOCK,
-            K_PAD=next_pow2(page_budget), num_warps=_sel.ROW_WARPS, **pick,
-        )
-        return
     _sel._gather_kernel[(pairs, chunks)](
         ws.keys, ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
         BLOCK=_sel.KEYS_BLOCK, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common, **pick,
     )
     final = dict(K_PAD=next_pow2(page_budget), CHUNKS_PAD=next_pow2(chunks))
-    three = tuning.select_path == "three"  # the last resolve program of each pair finalizes it
     _sel._resolve_kernel[(pairs, chunks)](
         ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
-        BLOCK=_sel.KEYS_BLOCK, FINAL=three, num_warps=_sel.KEYS_WARPS, **final, **common, **pick,
+        BLOCK=_sel.KEYS_BLOCK, num_warps=_sel.KEYS_WARPS, **common, **pick,
     )
-    if three:
-        return
     _sel._finalize_kernel[(pairs,)](
         ws.hist, ws.low_hist, ws.counts, ws.cand_page, seq_lens, selected_pages, *sizes,
         num_warps=_sel.FINAL_WARPS, **final, **common, **pick,

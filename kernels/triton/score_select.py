@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from ..config import SCORER_KERNELS as _SCORER_KERNEL_NAMES
-from ..config import SELECT_PATHS, SELECT_TAILS
+from ..config import SELECT_PATHS
 from ._common import enter_dependent, mm
 
 # Cost model (r8i4, G=8, d=128): the scorer streams 832 B per scored page but is bound by latency,
@@ -35,7 +35,7 @@ from ._common import enter_dependent, mm
 # wavefronts. What helped, measured (harness/score_sweep.py): filling every program slot (64 -> 128
 # chunks: 57.2 -> 46.6 us), fewer and wider loads per tile (42.4 us). Launch tuning beyond that is
 # exhausted: 8 warps, uncapped registers, software pipelining and int-to-float decode were all slower.
-# Session 6 (H200, 2026-11-30, bs1, `score-sweep-h200-s6.md`): one warp per program over 4-page tiles
+# H200 (2026-11-30, bs1): one warp per program over 4-page tiles
 # (no barriers across warps; 16 programs per SM, each hiding its own latency) took 37.8 us at 128K against
 # 42.2 for 4 warps x 16 pages; with the coefficient contraction on the tensor cores (`_coef_mma`) 29.3
 # (10.0 against 12.8 at 32K). With 4 warps the same contraction gained only 1.5 us.
@@ -79,50 +79,28 @@ class ScoreTuning:
     # padded from r to 16, whose operands go through shared memory. Used where r >= 4 (K = 4 * next_pow2(r))
     # and, on bf16/fp16 dots, G >= 8 (N < 8 is not an mma shape: the GPU check battery failed there).
     coef_mma: bool = True
-    # Instruction diet of session 8 (sm_90 SASS per 4-page tile, `aot.py --opcodes`: 1626 with all four off,
-    # 1402 with the first three, 1276 with all four; untimed on a GPU so far, hence off):
-    # word_pairs: per shift, each word's two codes side by side in K (`_paired_codes`: 4 dots with K = d/4
-    # instead of 8 with K = d/8), so a decoded 32-bit word is already an mma operand register (no PRMT).
-    word_pairs: bool = False
-    # exp2_epilogue: logits in log2 units, scale * log2(e) folded into the per-page and per-token factors
-    # (one FFMA per logit instead of FFMA + FMUL + the exp's own multiply).
-    exp2_epilogue: bool = False
     # narrow_offsets: row byte offsets in 32-bit math where the rows buffer is under 2 GiB (else 64-bit), and
     # shifts instead of signed divisions.
     narrow_offsets: bool = False
-    # coef_terms: bf16 terms of V^T q in the coefficient contraction: 3 carry fp32's 24 bits; 2 carry 16
-    # (relative error <= 2^-17 per product; K = 2 RP instead of 4 RP; only where RP >= 8). 2 is an
-    # approximation the GPU checks' 1e-5 tolerance may see.
-    coef_terms: int = 3
     # transposed: query heads as the dots' M (`score_t.py`): V^T q stays in the accumulator's registers as the
     # coefficient contraction's A operand, one block-diagonal dot per tile, log2 epilogue; int4 word path with
-    # tile * next_pow2(r) >= 16 only (else this kernel runs). coef_terms, word_pairs and exp2_epilogue do not
-    # apply to it. H200 (2026-11-30 s9, bs1): 27.9 / 12.2 µs at 128K / 32K over 4-page tiles, 25.8 / 8.9 over
-    # 2-page tiles, against 29.5 / 10.0 for this kernel.
+    # tile * next_pow2(r) >= 16 only (else this kernel runs). H200 (bs1): 27.9 / 12.2 µs at 128K / 32K over
+    # 4-page tiles, 25.8 / 8.9 over 2-page tiles, against 29.5 / 10.0 for this kernel.
     transposed: bool = False
     # cuda: the CUDA kernel (kernels/cuda/score_t.cu) where `kernels.cuda.score.fits` accepts the call (r8i4,
     # d = 128, bf16 q, G <= 16, sm_90); the kernel this tuning otherwise names runs elsewhere.
     cuda: bool = False
     # Selection after the score kernel (config.SELECT_PATHS): "four" (topk.py: keys, gather, resolve,
-    # finalize), "three" (the same, the pair's last resolve program finalizes), "one" (topk_one.py: keys
-    # per chunk, the pair's last program selects) or "row" (keys, then one program per (sequence, KV head)). Alone in a graph on the H200 (2026-11-30, bs1) "one"
-    # took 11.2 / 17.8 µs at 32K / 128K against 19.1 / 19.7 (`score-sweep-h200-s5.md`); in the vLLM pair
-    # (session 6, `bench-decode-glm4-40L-fa3-locks-async-h200-s6.md`) it saved 0.26 ms per step at 32K
-    # and cost 0.95 ms at 128K. With the loop tail (session 11): -0.24 ms at 32K, +0.33 ms at 128K, so the
-    # backend picks by table width (`config.select_path_for`); this kernel-level default stays "four".
+    # finalize) or "one" (topk_one.py: keys per chunk, the pair's last program selects). Alone in a graph on
+    # the H200 (bs1) "one" took 11.2 / 17.8 µs at 32K / 128K against 19.1 / 19.7; in the 40-layer engine it
+    # wins at 32K and loses at 128K, so the backend picks by table width (`config.select_path_for`); this
+    # kernel-level default stays "four".
     select_path: str = "four"
-    # The one-launch path's last program (config.SELECT_TAILS): "registers" holds the contested keys in
-    # register tensors when they fit (topk_one.REG_LARGE * 9/8 pages), "memory" always streams them from
-    # memory (what longer contexts do there), "loops" runs two short loops over them at any context.
-    # "loops" since session 11: the register tail walks ~6K unrolled instructions, which the engine's GEMMs
-    # evict from L2 between layers (H200, 128K bs1, between MLP-sized products: 30.5 µs against 15.0 alone;
-    # loops 18.0-19.4; `bench-decode-glm4-40L-fa3-locks-async-h200-s11.md`).
-    select_tail: str = SELECT_TAILS[0]
-    tail_block: int | None = None  # keys per step of the "loops" tail (twice that on long contexts); None: topk_one.LOOP_BLOCK
+    tail_block: int | None = None  # keys per step of the one-launch path's tail (twice that on long contexts); None: topk_one.LOOP_BLOCK
     select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.SELECT_WARPS
     # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):
-    # each kernel's programs are scheduled while the previous one finishes. In the vLLM pair (H200,
-    # session 6) within 1% at 32K and no gain at 128K, so off.
+    # each kernel's programs are scheduled while the previous one finishes. In the vLLM pair (H200)
+    # within 1% at 32K and no gain at 128K, so off.
     pdl: bool = False
     # Chunks per (sequence, KV head) at most. At 64 a bs1 launch (4 KV heads) filled 256 of the 528
     # program slots; ncu on the H200 (2026-11-29, 128K bs1) saw 0.5 waves, 1.9 active warps per
@@ -134,12 +112,8 @@ class ScoreTuning:
     coarse_pick: bool = True
 
     def __post_init__(self) -> None:
-        if self.coef_terms not in (2, 3):
-            raise ValueError(f"coef_terms {self.coef_terms} must be 2 or 3 (bf16 terms of V^T q)")
         if self.select_path not in SELECT_PATHS:
             raise ValueError(f"select_path {self.select_path!r} must be one of {SELECT_PATHS}")
-        if self.select_tail not in SELECT_TAILS:
-            raise ValueError(f"select_tail {self.select_tail!r} must be one of {SELECT_TAILS}")
         for name in ("max_chunks", "select_chunks"):
             if not 1 <= getattr(self, name) <= MAX_CHUNKS:
                 raise ValueError(f"{name} {getattr(self, name)} must be in 1..{MAX_CHUNKS} (the workspace capacity)")
@@ -155,12 +129,7 @@ SCORER_KERNELS: dict[str, dict] = {
     "cuda": {"cuda": True, "transposed": True, "narrow_offsets": True, "tile": 2},  # the transposed kernel where it declines
     "transposed": {"transposed": True, "narrow_offsets": True, "tile": 2},
     "pages": {},
-    "lean": {"word_pairs": True, "exp2_epilogue": True, "narrow_offsets": True},
 }
-# lean with V^T q in two bf16 terms (session 8's "lean2"): passes the interpreter tests (fp32 dots there) and
-# failed 3 of 22 bf16 select checks on the H200 (session 9, `gpu-checks-h200-s9.log`: whole pages wrong,
-# G = 8), so it is not a backend choice; kept for the sweep's record (VARIANTS[20]) and the checks.
-TWO_TERM_DIET: dict = {**SCORER_KERNELS["lean"], "coef_terms": 2}
 assert tuple(SCORER_KERNELS) == _SCORER_KERNEL_NAMES
 
 
@@ -268,24 +237,17 @@ def _mma(a, b, acc, FP32: tl.constexpr):
 
 
 @triton.jit
-def _coef_mma(coef, vq, P: tl.constexpr, B: tl.constexpr, RP: tl.constexpr, G_DOT: tl.constexpr, FP32: tl.constexpr,
-              TWO_TERMS: tl.constexpr = False):
+def _coef_mma(coef, vq, P: tl.constexpr, B: tl.constexpr, RP: tl.constexpr, G_DOT: tl.constexpr, FP32: tl.constexpr):
     """acc[p, i, g] = sum_c coef[p, i, c] * vq[p * RP + c, g] ([P, B, RP] x [P * RP, G_DOT] -> fp32 [P, B, G_DOT])
     as one batched tensor-core dot with K = 4 RP: K segment j holds term j of vq = hi + mid + lo (bf16 each,
     24 significant bits in all: the fp32 result up to its last bit or so; segment 3 is zero) and the
     coefficients repeat in every segment (int8 codes are exact in bf16). With FP32 the terms are fp32
-    (mid = lo = 0) and the dot runs ieee: the interpreter's path, and the fp16-format one. TWO_TERMS
-    (ScoreTuning.coef_terms = 2): hi + mid only, K = 2 RP (16 significant bits)."""
+    (mid = lo = 0) and the dot runs ieee: the interpreter's path, and the fp16-format one."""
     SPLIT_T = tl.float32 if FP32 else tl.bfloat16
     v = tl.reshape(vq, [P, RP, G_DOT])
     hi = v.to(SPLIT_T)
     rest = v - hi.to(tl.float32)
     mid = rest.to(SPLIT_T)
-    if TWO_TERMS:  # hi + mid: 16 significant bits, K = 2 RP
-        terms = tl.reshape(tl.permute(tl.join(hi, mid), (0, 3, 1, 2)), [P, 2 * RP, G_DOT])  # k = term * RP + c
-        a = coef.to(tl.float32).to(SPLIT_T)
-        a = tl.reshape(tl.permute(tl.join(a, a), (0, 1, 3, 2)), [P, B, 2 * RP])
-        return _mma(a, terms, tl.zeros([P, B, G_DOT], tl.float32), FP32)
     lo = (rest - mid.to(tl.float32)).to(SPLIT_T)
     terms = tl.join(tl.join(hi, mid), tl.join(lo, tl.zeros_like(lo)))  # [P, RP, G, 2 (i), 2 (a)]: term i + 2a
     terms = tl.reshape(tl.permute(terms, (0, 4, 3, 1, 2)), [P, 4 * RP, G_DOT])  # k = term * RP + c
@@ -302,33 +264,6 @@ def _q_part(q_cols, OFF: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.conste
     (the word path runs only where D = D_PAD, `word_decode_fits`)."""
     j = tl.arange(0, D_PAD // 8)
     return tl.load(q_cols + 8 * j[:, None] + OFF, mask=gm[None, :], other=0.0).to(DOT_T)
-
-
-@triton.jit
-def _exp_in(x, LOG2_UNITS: tl.constexpr):
-    """e^x, or 2^x for x in log2 units (the scorer's exp2 epilogue)."""
-    if LOG2_UNITS:
-        return tl.exp2(x)
-    else:
-        return tl.exp(x)
-
-
-@triton.jit
-def _log_in(x, LOG2_UNITS: tl.constexpr):
-    """ln x, or log2 x (see `_exp_in`)."""
-    if LOG2_UNITS:
-        return tl.log2(x)
-    else:
-        return tl.log(x)
-
-
-@triton.jit
-def _natural(x, LOG2_UNITS: tl.constexpr):
-    """A log-domain value in natural-log units (x itself unless it is in log2 units)."""
-    if LOG2_UNITS:
-        return x * LN2
-    else:
-        return x
 
 
 @triton.jit
@@ -354,16 +289,9 @@ def _in_units(offset, LOG2_SIZE: tl.constexpr, ROWS32: tl.constexpr):
 @triton.jit
 def _paired_codes(words, SHIFT: tl.constexpr, M: tl.constexpr, D_PAD: tl.constexpr, DOT_T: tl.constexpr):
     """[M, D/8] words -> [M, D/4]: column 2j + c is half c of word j's `_word_codes(SHIFT)` (dim 8j + SHIFT/4
-    + 4c). A 16-bit pair is then one 32-bit register, as an mma operand holds consecutive K."""
+    + 4c). A 16-bit pair is then one 32-bit register, as an mma operand holds consecutive K (score_t.py)."""
     lo, hi = _word_codes(words, SHIFT, DOT_T)
     return tl.reshape(tl.join(lo, hi), [M, D_PAD // 4])
-
-
-@triton.jit
-def _q_pair(q_cols, S: tl.constexpr, D_PAD: tl.constexpr, gm, DOT_T: tl.constexpr):
-    """q^T rows in `_paired_codes`' K order for shift 4S: row 2j + c is dim 8j + S + 4c."""
-    k = tl.arange(0, D_PAD // 4)
-    return tl.load(q_cols + ((k // 2) * 8 + S + 4 * (k % 2))[:, None], mask=gm[None, :], other=0.0).to(DOT_T)
 
 
 @triton.jit
@@ -391,8 +319,7 @@ def _score_kernel(
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, STAGES: tl.constexpr = 1, MANTISSA: tl.constexpr = True,
     WORDS: tl.constexpr = False, COEF_VEC: tl.constexpr = False, PDL: tl.constexpr = False,
-    COEF_MMA: tl.constexpr = False, WORD_PAIRS: tl.constexpr = False, EXP2: tl.constexpr = False,
-    COEF_TWO: tl.constexpr = False, ROWS32: tl.constexpr = False,
+    COEF_MMA: tl.constexpr = False, ROWS32: tl.constexpr = False,
 ):
     enter_dependent(PDL)
     pair, chunk, s, h, n_full, t_begin, t_end = _program_tiles(seq_lens_ptr, num_kv_heads, num_chunks, B, P)
@@ -422,10 +349,6 @@ def _score_kernel(
     q_w6 = _q_part(q_cols, 6, D_PAD, gm, DOT_T)
     q_w3 = _q_part(q_cols, 3, D_PAD, gm, DOT_T)
     q_w7 = _q_part(q_cols, 7, D_PAD, gm, DOT_T)
-    q_p0 = _q_pair(q_cols, 0, D_PAD, gm, DOT_T)
-    q_p1 = _q_pair(q_cols, 1, D_PAD, gm, DOT_T)
-    q_p2 = _q_pair(q_cols, 2, D_PAD, gm, DOT_T)
-    q_p3 = _q_pair(q_cols, 3, D_PAD, gm, DOT_T)
     jw = tl.arange(0, D_PAD // 8)
     rows_i32 = rows_u8.to(tl.pointer_type(tl.int32))
     tok = tl.arange(0, B)
@@ -502,12 +425,7 @@ def _score_kernel(
             mu = tl.load(rows_i8 + row[:, None] + d[None, :], mask=pm[:, None] & dm[None, :], other=0)
             q_mu = mm(mu.to(tl.float32).to(DOT_T), q_full, FP32) * mu_scale[:, None]
             if BITS == 4:
-                if WORDS and WORD_PAIRS:  # per shift, each word's two codes side by side in K: four dots, K = d/4
-                    vq = _mma(_paired_codes(words, 0, P * RP, D_PAD, DOT_T), q_p0, tl.zeros([P * RP, G_DOT], tl.float32), FP32)
-                    vq = _mma(_paired_codes(words, 4, P * RP, D_PAD, DOT_T), q_p1, vq, FP32)
-                    vq = _mma(_paired_codes(words, 8, P * RP, D_PAD, DOT_T), q_p2, vq, FP32)
-                    vq = _mma(_paired_codes(words, 12, P * RP, D_PAD, DOT_T), q_p3, vq, FP32)
-                elif WORDS:  # the eight K = d/8 products accumulate in the dot (no separate adds)
+                if WORDS:  # the eight K = d/8 products accumulate in the dot (no separate adds)
                     lo, hi = _word_codes(words, 0, DOT_T)
                     vq = _mma(hi, q_w4, _mma(lo, q_w0, tl.zeros([P * RP, G_DOT], tl.float32), FP32), FP32)
                     lo, hi = _word_codes(words, 4, DOT_T)
@@ -530,23 +448,19 @@ def _score_kernel(
             tok_scale = tok_scale.to(tl.float32)
         # Coefficient contraction: acc[p, i, g] = sum_c (V^T q)[p, c, g] * C[p, i, c].
         if COEF_MMA:
-            acc = _coef_mma(coef, vq, P, B, RP, G_DOT, FP32, COEF_TWO)
+            acc = _coef_mma(coef, vq, P, B, RP, G_DOT, FP32)
         else:  # on CUDA cores (an fp32 FMA dot)
             vq_pad = tl.where((f_pad == 0)[None, None, :, None], tl.reshape(vq, [P, RP, 1, G_DOT]), 0.0)
             acc = tl.dot(coef, tl.reshape(vq_pad, [P, KC, G_DOT]), input_precision="ieee")  # [P, B, G_DOT]
         out = scores_ptr + (pair.to(tl.int64) * max_pages + page[:, None]) * GS + g[None, :]
-        if EXP2:  # log2 units, scale * log2(e) folded into the [P, G] and [P, B] factors: one FFMA per logit
-            logits = (q_mu * (scale * LOG2E))[:, None, :] + acc * (tok_scale * (scale * LOG2E))[:, :, None]
-        else:
-            logits = (q_mu[:, None, :] + acc * tok_scale[:, :, None]) * scale  # [P, B, G_DOT]
+        logits = (q_mu[:, None, :] + acc * tok_scale[:, :, None]) * scale  # [P, B, G_DOT]
         page_max = tl.max(logits, axis=1)
-        score = page_max + _log_in(tl.sum(_exp_in(logits - page_max[:, None, :], EXP2), axis=1), EXP2)  # [P, G_DOT]
+        score = page_max + tl.log(tl.sum(tl.exp(logits - page_max[:, None, :]), axis=1))  # [P, G_DOT]
         score = tl.where(pm[:, None], score, float("-inf"))
-        tl.store(out, _natural(score, EXP2), mask=pm[:, None] & gm[None, :])
+        tl.store(out, score, mask=pm[:, None] & gm[None, :])
         new_max = tl.maximum(run_max, tl.max(score, axis=0))
-        run_sum = run_sum * _exp_in(run_max - new_max, EXP2) + tl.sum(_exp_in(score - new_max[None, :], EXP2), axis=0)
+        run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(score - new_max[None, :]), axis=0)
         run_max = new_max
-    run_max = _natural(run_max, EXP2)  # the chunk max in natural-log units (run_sum is the same in both)
     part = (pair * MAXC + chunk) * GS + g
     tl.store(chunk_max_ptr + part, run_max, mask=g < GS)
     tl.store(chunk_sum_ptr + part, run_sum, mask=g < GS)

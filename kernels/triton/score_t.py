@@ -5,7 +5,7 @@ Same contract as `score_select._score_kernel` (same arguments, same scratch outp
 q [M, d] x V^T [d, P*RP], so (V^T q)^T comes out as an mma accumulator whose registers are already the A
 operand of the coefficient contraction (query heads stay the rows). That contraction is one dot against the
 tile's coefficients laid out block-diagonally, [P*RP, P*B], with no shared-memory round trip for V^T q; the
-session-8 measurements (`score-sweep-h200-s9.md`) put the scorer's time in such operand shuffles.
+ncu measurements put the scorer's time in such operand shuffles.
 
 M is max(16, next_pow2(G)). Where M = 2 next_pow2(G) (G = 8: the mma's 16 rows), the second half of the rows
 repeats the queries and carries the next bf16 term of V^T q through the same dot; the halves are added in the

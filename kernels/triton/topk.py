@@ -1,6 +1,6 @@
 """Group combine + top-(k-2) page selection of score_select: the key and histogram helpers every path
-uses, and the multi-launch paths (`ScoreTuning.select_path` "four", the default, and "row"); the
-one-launch path is topk_one.py.
+uses, and the four-launch path (`ScoreTuning.select_path="four"`, the backend's choice on wide block
+tables); the one-launch path is topk_one.py.
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`.
 
@@ -26,16 +26,6 @@ took 473 us per layer at 128K on the H200 against 31 us on random queries.)
    -1 padded (the dense fallback, decided on the device).
 Histogram atomics are pre-aggregated per block when the block's digits span < 64 bins (a flat
 distribution would otherwise send every lane's atomic to one address).
-
-Three-launch path (`ScoreTuning.select_path="three"`): step 5 runs in the pair's last resolve program to
-arrive (`_resolve_kernel` with FINAL; the arrival protocol of topk_one.py), one graph node fewer.
-
-Row path (`ScoreTuning.select_path="row"`, two launches instead of four): after `_keys_kernel`,
-`_row_select_kernel` runs one program per (sequence, KV head): threshold bin b1 from the pair's
-histogram, a pass over the keys for the low-bit histogram of bin b1 (in registers), then one pass in
-page order that writes every page above the threshold key and the first ties, already ascending.
-It trades parallel passes over the pages for fewer dependent launches (the four-launch path spends
-~25 us at bs1 whatever the context, H200).
 """
 
 from __future__ import annotations
@@ -48,8 +38,6 @@ from ._common import enter_dependent
 KEYS_BLOCK = 512  # pages per iteration of the key, gather and resolve kernels
 KEYS_WARPS = 8
 FINAL_WARPS = 8  # its [k, chunks] tie lookup is up to 16K elements: 4 warps sat at 255 registers
-ROW_BLOCK = 2048  # pages per iteration of the row kernel: 8 keys per thread at 8 warps
-ROW_WARPS = 8
 HIST_BINS = 8192  # top 13 of the 23 key bits
 # Each pair's histogram row also holds COARSE_BINS counts of the digits' top 6 bits (after the 8192),
 # so a threshold pick reads 64 + 128 counts instead of scanning 8192: the gather, resolve and finalize
@@ -240,17 +228,10 @@ def _resolve_kernel(
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
     COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
-    FINAL: tl.constexpr = False, K_PAD: tl.constexpr = 128, CHUNKS_PAD: tl.constexpr = 128,
 ):
-    """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list.
-
-    FINAL (the three-launch path): the pair's last program to arrive then finalizes (`_finalize_pair`,
-    what `_finalize_kernel` does in a launch of its own; the arrival protocol is topk_one.py's), and
-    chunk 0 writes the dense fallback row."""
+    """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list."""
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
-    if FINAL and num_pages <= K and chunk == 0:
-        _dense_row(out_ptr + pair.to(tl.int64) * K, num_pages, K, K_PAD)
     if num_pages > K:
         _, need = _pick_top_bin(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
         b2, _ = _pick_bin(tl.load(low_hist_ptr + pair * (1 << LOW_BITS) + tl.arange(0, 1 << LOW_BITS)), need, 1 << LOW_BITS)
@@ -276,13 +257,6 @@ def _resolve_kernel(
             tl.store(cand_page_ptr + row + n_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1, page, mask=tie)
             n_tie += tl.sum(tie.to(tl.int32), axis=0)
         tl.store(count_row + MAXC + 1 + chunk, n_tie)
-        if FINAL:
-            tl.debug_barrier()  # every thread's outputs, ties and counts are issued before the arrival
-            arrival = count_row + 2 * MAXC + 1
-            if tl.atomic_add(arrival, 1, sem="acq_rel") == num_chunks - 1:
-                _finalize_pair(hist_ptr, low_hist_ptr, count_row, cand_page_ptr, pair, num_pages, out_ptr + pair.to(tl.int64) * K,
-                               max_pages, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK, CHUNKS_PAD)
-                tl.store(arrival, 0)
 
 
 @triton.jit
@@ -377,42 +351,3 @@ def _finalize_pair(
     tl.debug_barrier()
     row = tl.load(out_row + slot, mask=slot < K, other=2147483647)
     tl.store(out_row + slot, tl.sort(row), mask=slot < K)
-
-
-@triton.jit
-def _row_select_kernel(
-    keys_ptr, hist_ptr, seq_lens_ptr, out_ptr,
-    num_kv_heads, max_pages, K,
-    B: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, BLOCK: tl.constexpr, K_PAD: tl.constexpr,
-    COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
-):
-    """Top-(k-2) of one pair's keys after `_keys_kernel`: sink, pages in page order, recent; resets the histogram."""
-    enter_dependent(PDL)
-    pair, num_pages, out_row, slot, sparse = _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B, K_PAD)
-    if sparse:
-        b1, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
-        row = keys_ptr + pair.to(tl.int64) * max_pages
-        recent = num_pages - 1
-        low_hist = tl.zeros([1 << LOW_BITS], tl.int32)
-        for start in range(1, recent, BLOCK):
-            page = start + tl.arange(0, BLOCK)
-            u = tl.load(row + page, mask=page < recent, other=0)
-            inside = (page < recent) & ((u >> LOW_BITS) == b1)
-            if tl.sum(inside.to(tl.int32), axis=0) > 0:  # the bin is sparse unless attention is flat
-                low_hist += tl.histogram(tl.where(inside, u & ((1 << LOW_BITS) - 1), 0), 1 << LOW_BITS, mask=inside)
-        b2, ties_wanted = _pick_bin(low_hist, need, 1 << LOW_BITS)
-        threshold = (b1 << LOW_BITS) | b2
-        n_out = 0
-        n_tie = 0
-        for start in range(1, recent, BLOCK):
-            page = start + tl.arange(0, BLOCK)
-            pm = page < recent
-            u = tl.load(row + page, mask=pm, other=0)
-            tie = pm & (u == threshold)
-            tie_rank = n_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1  # ties go to the lower page ids
-            take = pm & ((u > threshold) | (tie & (tie_rank < ties_wanted)))
-            tl.store(out_row + 1 + n_out + tl.cumsum(take.to(tl.int32), axis=0) - 1, page, mask=take)
-            n_out += tl.sum(take.to(tl.int32), axis=0)
-            n_tie += tl.sum(tie.to(tl.int32), axis=0)
-        tl.store(out_row, 0)
-        tl.store(out_row + K - 1, recent)

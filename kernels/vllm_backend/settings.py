@@ -40,12 +40,11 @@ class BackendSettings:
     default: by the engine's block-table width, `config.select_path_for`); the pages are the same on
     every path, only launches and time differ.
     pdl: the decode kernels use programmatic dependent launch (sm_90; each kernel's programs are
-    scheduled while the previous one finishes). Same results; within 1% in the H200 pair of session 6 and
-    2% slower at 32K in session 12 (its kernels wait resident, no launch gap is hidden), so off.
+    scheduled while the previous one finishes). Same results; within 1% in one H200 pair and 2% slower
+    at 32K in another (its kernels wait resident, no launch gap is hidden), so off.
     scorer_kernel: the score kernel's code path (config.SCORER_KERNELS): "cuda" (production: the CUDA kernel
     where it serves the call, r8i4 / d=128 / bf16 / G <= 16 on sm_90, else "transposed"), "transposed" (the
-    Triton kernel of session 9), "pages" (the one before it), or its instruction diet "lean" (same scores up
-    to fp32 rounding).
+    Triton kernel with query heads as the dots' M), or "pages" (the Triton kernel that serves every format).
     debug_capture_layers: layer indices whose per-step decode inputs/outputs are kept for checks
     (eager only; see `debug.py`). Empty in production.
     """
