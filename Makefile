@@ -10,9 +10,11 @@ venv:
 demo: venv
 	$(VENV)/bin/locks eval microscope
 
-# TRITON_INTERPRET=1 runs the Triton kernels on the CPU (no GPU here or in CI).
+# TRITON_INTERPRET=1 runs the Triton kernels on the CPU (no GPU here or in CI). TEST_WORKERS pytest-xdist
+# workers (one per core of the CI machine); the engine tests share one of them (tests/conftest.py).
+TEST_WORKERS ?= 2
 test: venv
-	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # A wheel for machines without the checkout (the H200): it carries the commit in build_info.json so
 # records made there still name the code that made them.

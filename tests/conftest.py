@@ -29,3 +29,15 @@ def check_golden(name: str, text: str) -> None:
         return
     assert path.exists(), f"golden file {path} missing; run with UPDATE_GOLDEN=1 once and review it"
     assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden file (UPDATE_GOLDEN=1 to accept)"
+
+
+# Tests that start a vLLM engine or load the model package run on one worker, one after another, under
+# `pytest -n N --dist loadgroup` (`make test`): two CPU engines at once would share the 2 cores and the
+# converted-model cache (~/.cache/locks-toolkit), while the kernel tests spread over every worker.
+ENGINE_MARKS = ("vllm", "model")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(name) for name in ENGINE_MARKS):
+            item.add_marker(pytest.mark.xdist_group("engine"))
