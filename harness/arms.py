@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
-from ..kernels.config import AUTO_ONE_LAUNCH_MAX_PAGES, PAGE_SIZE, ConfigError
+from ..kernels.config import PAGE_SIZE, SCORER_KERNELS, SELECT_CHOICES, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +94,75 @@ def register_arm(arm: Arm) -> Arm:
     return arm
 
 
+# The parametric form `locks[select=one,pdl=true]`: a Locks arm with kernel settings other than the
+# defaults (the same pages through other launches), timed beside `locks` in one run. The keys are the
+# backend's kernel settings (kernels/vllm_backend/settings.py); each maps a text value to the setting.
+KERNEL_SETTINGS: dict[str, tuple[str, ...]] = {
+    "select": SELECT_CHOICES,
+    "scorer_kernel": SCORER_KERNELS,
+    "pdl": ("true", "false"),
+}
+PARAMETRIC_BASES = ("locks", "locks-cpu")
+ARM_FORM = "locks[select=one,pdl=true,scorer_kernel=pages]"
+_PARAMETRIC: dict[str, Arm] = {}
+
+
+def split_arm_list(text: str) -> list[str]:
+    """'fa3,locks[select=one,pdl=true]' -> ['fa3', 'locks[select=one,pdl=true]']: commas inside brackets
+    belong to the arm."""
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += (char == "[") - (char == "]")
+        if char == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += char
+    items.append(current.strip())
+    return [item for item in items if item]
+
+
+def arm_file_stem(name: str) -> str:
+    """An arm name as a file-name part: 'locks[select=one,pdl=true]' -> 'locks-select-one-pdl-true'
+    (brackets, commas and '=' travel badly through copies and shells)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
+
+
+def _parametric_arm(name: str) -> Arm:
+    base_name, _, rest = name.partition("[")
+    if base_name not in PARAMETRIC_BASES or not rest.endswith("]"):
+        raise ConfigError(f"arm {name!r} is not of the form {ARM_FORM} (bases: {', '.join(PARAMETRIC_BASES)})")
+    if not rest[:-1].strip():
+        raise ConfigError(f"arm {name!r} sets nothing; use {base_name!r} itself or e.g. {ARM_FORM}")
+    settings: dict = {}
+    for item in (part.strip() for part in rest[:-1].split(",")):
+        key, eq, value = item.partition("=")
+        key, value = key.strip(), value.strip().lower()
+        if not eq or key not in KERNEL_SETTINGS:
+            raise ConfigError(f"arm {name!r}: {item!r} is not KEY=VALUE with KEY one of {', '.join(KERNEL_SETTINGS)}; "
+                              f"e.g. {ARM_FORM}")
+        if value not in KERNEL_SETTINGS[key]:
+            raise ConfigError(f"arm {name!r}: {key}={value!r} unknown; use one of {', '.join(KERNEL_SETTINGS[key])}")
+        if key in settings:
+            raise ConfigError(f"arm {name!r} sets {key} twice; give each setting once")
+        settings[key] = value == "true" if key == "pdl" else value
+    base = ARMS[base_name]
+    shown = ", ".join(f"{key}={value}" for key, value in settings.items())
+    return Arm(name, base.backend, device=base.device, sparse=True, block_size=base.block_size,
+               description=f"{base.description} with {shown} (the same pages, other launches)",
+               counters=base.counters, additional_config=_locks_variant(**settings), env=base.env,
+               vllm_plugins=base.vllm_plugins)
+
+
 def get_arm(name: str) -> Arm:
-    try:
+    """A registered arm by name, or the parametric form `locks[KEY=VALUE,...]` (KERNEL_SETTINGS)."""
+    if name in ARMS:
         return ARMS[name]
-    except KeyError:
-        raise ConfigError(f"arm {name!r} unknown; use one of {', '.join(sorted(ARMS))}") from None
+    if "[" in name:
+        if name not in _PARAMETRIC:
+            _PARAMETRIC[name] = _parametric_arm(name)
+        return _PARAMETRIC[name]
+    raise ConfigError(f"arm {name!r} unknown; use one of {', '.join(sorted(ARMS))}, or {ARM_FORM}") from None
 
 
 def _locks_additional_config(knobs: SparseKnobs) -> dict:
@@ -147,34 +212,6 @@ register_arm(
         additional_config=_locks_additional_config,
     )
 )
-# Kernel variants of `locks`: the same pages through other launches, to be timed beside it in one run.
-_LOCKS_VARIANTS = (
-    ("locks-one", f"the one-launch selection kernels, pinned (select='one'; 'auto' runs them on tables up to "
-     f"{AUTO_ONE_LAUNCH_MAX_PAGES} pages)", {"select": "one"}),
-    ("locks-four", "the four-launch selection kernels, pinned (select='four'; 'auto' runs them on wider tables)", {"select": "four"}),
-    ("locks-pdl", "programmatic dependent launch of its decode kernels (pdl=true)", {"pdl": True}),
-    ("locks-one-pdl", "one-launch selection and programmatic dependent launch (select='one', pdl=true)",
-     {"select": "one", "pdl": True}),
-    # Score kernels other than production's "cuda".
-    ("locks-pages", "the Triton pages score kernel (scorer_kernel='pages': pages x basis columns as the dots' M)",
-     {"scorer_kernel": "pages"}),
-    ("locks-cuda", "the CUDA score kernel, pinned (scorer_kernel='cuda', the default)",
-     {"scorer_kernel": "cuda"}),
-    ("locks-transposed", "the Triton transposed score kernel (scorer_kernel='transposed', where the CUDA one declines)",
-     {"scorer_kernel": "transposed"}),
-    ("locks-one-cuda", "the CUDA score kernel and the one-launch selection", {"scorer_kernel": "cuda", "select": "one"}),
-)
-for _name, _what, _settings in _LOCKS_VARIANTS:
-    register_arm(
-        Arm(
-            _name,
-            "CUSTOM",
-            sparse=True,
-            description=f"Locks with {_what}; the same pages, other launches",
-            counters="locks_toolkit.kernels.vllm_backend.counters:snapshot",
-            additional_config=_locks_variant(**_settings),
-        )
-    )
 register_arm(
     Arm(
         "locks-kv",

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from ..kernels.config import PAGE_SIZE, ConfigError, SelectionConfig, SummaryFormat
-from .arms import get_arm
+from .arms import get_arm, split_arm_list
 from .presets import load_preset_config, preset_names, read_model_dir_config
 from .workload import format_size, parse_size
 
@@ -244,7 +244,8 @@ _TUPLE_FIELDS = {"arms", "contexts", "batch_sizes", "budgets"}
 def _coerce(name: str, value):
     """YAML/CLI value -> the field's type (sizes may be "32k"; lists may be comma strings)."""
     if name in _TUPLE_FIELDS:
-        items = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
+        items = (split_arm_list(value) if name == "arms" else value.split(",")) if isinstance(value, str) \
+            else list(value) if isinstance(value, (list, tuple)) else [value]
         items = [item.strip() if isinstance(item, str) else item for item in items if item != ""]
         if name in _SIZE_FIELDS:
             return tuple(parse_size(item) for item in items)

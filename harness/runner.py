@@ -18,7 +18,7 @@ from pathlib import Path
 
 from . import nvml
 from . import provenance as prov
-from .arms import get_arm
+from .arms import arm_file_stem, get_arm
 from .plan import DecodePlan
 from .run_state import RunBusy, RunStatus, StoreLock, run_dir
 from .presets import ModelGeometry, build_config, materialize_model, preset_names, read_model_dir_config
@@ -264,7 +264,7 @@ def engine_log_path(plan: DecodePlan, group: CellGroup) -> Path:
     """Where one engine process's stdout and stderr go (vLLM's logs): beside the store, one file per job."""
     budget = "" if group.budget is None else f"-b{group.budget}"
     stamp = time.strftime("%Y%m%dT%H%M%S")
-    return run_dir(plan.output) / "engines" / f"{stamp}-{group.arm}-{group.context}{budget}.log"
+    return run_dir(plan.output) / "engines" / f"{stamp}-{arm_file_stem(group.arm)}-{group.context}{budget}.log"
 
 
 def _run_job(job: EngineJob, cells: dict[int, dict], write, on_phase=lambda message: None,

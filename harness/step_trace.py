@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .arms import get_arm
+from .arms import arm_file_stem, get_arm
 from .plan import DecodePlan
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,7 @@ def trace_arm(plan: DecodePlan, arm_name: str, context: int, budget: int | None,
             session.close()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    trace_file = out_dir / f"trace-{arm_name}-{context}.json"
+    trace_file = out_dir / f"trace-{arm_file_stem(arm_name)}-{context}.json"
     profiler.export_chrome_trace(str(trace_file))
     found, windows, device_windows = activities_from_profile(profiler.events(), arm.device)
     summary = summarize_steps(found, windows, device_windows=device_windows)

@@ -1,6 +1,7 @@
 """Plans (YAML + overrides, validation that names the fix), presets, arms and the bytes model."""
 
 import json
+import re
 
 import pytest
 
@@ -114,20 +115,22 @@ def test_arms_come_from_the_registry():
     assert locks["attention_config"] == {"backend": "CUSTOM"}
     assert locks["additional_config"] == {"locks": {"budget": 2048, "format": "r8i4", "scorer": "locks",
                                                     "combine": "share_average"}}
-    # locks-one: the same backend and knobs, with the one-launch selection kernels; the backend accepts it
-    one = get_arm("locks-one").engine_kwargs(SparseKnobs(2048, "r8i4", "locks", "share_average"))
+    # locks[select=one]: the same backend and knobs, with the one-launch selection kernels; the backend accepts it
+    one = get_arm("locks[select=one]").engine_kwargs(SparseKnobs(2048, "r8i4", "locks", "share_average"))
     assert one["additional_config"]["locks"] == {**locks["additional_config"]["locks"], "select": "one"}
     assert parse_settings(one["additional_config"]["locks"]).select == "one"
-    pdl = get_arm("locks-pdl").engine_kwargs(SparseKnobs(1024, "r4i8", "locks", "group_max"))["additional_config"]["locks"]
+    pdl = get_arm("locks[pdl=true]").engine_kwargs(SparseKnobs(1024, "r4i8", "locks", "group_max"))["additional_config"]["locks"]
     assert pdl == {"budget": 1024, "format": "r4i8", "scorer": "locks", "combine": "group_max", "pdl": True}
     assert parse_settings(pdl).pdl and parse_settings(pdl).select == "auto"  # the default
-    assert parse_settings(get_arm("locks-four").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"]).select == "four"
-    both = parse_settings(get_arm("locks-one-pdl").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
+    both = parse_settings(get_arm("locks[select=one, pdl=TRUE]").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
     assert both.pdl and both.select == "one" and both.locks.selection.page_budget == 128
-    for name, kernel in (("locks-pages", "pages"), ("locks-cuda", "cuda"),
-                         ("locks-transposed", "transposed")):  # other scorers, same pages
-        other = parse_settings(get_arm(name).engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
+    for kernel in ("pages", "cuda", "transposed"):  # other scorers, same pages
+        arm = get_arm(f"locks[scorer_kernel={kernel}]")
+        other = parse_settings(arm.engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
         assert other.scorer_kernel == kernel and other.select == "auto" and not other.pdl
+        assert arm.sparse and arm.counters == get_arm("locks").counters and kernel in arm.description
+    cpu_one = get_arm("locks-cpu[select=four]")
+    assert cpu_one.device == "cpu" and cpu_one.environment(SparseKnobs(1024), None)["LOCKS_VLLM_CPU"] == "1"
     peer = get_arm("locks-kv")
     assert peer.plugin_distribution == "locks-kv"
     assert peer.engine_kwargs(SparseKnobs(2048))["attention_config"] == {"backend": "FLASH_ATTN"}
@@ -137,10 +140,36 @@ def test_arms_come_from_the_registry():
         assert peer_config == {"variant": "fast", "budget_pages": 126, "sink_pages": 1, "window_pages": 1}
     assert peer.environment(SparseKnobs(1024), '{"x": 1}') == {"LOCKS_CONFIG": '{"x": 1}', "VLLM_PLUGINS": "locks"}
     # each engine loads only its arm's plugin: the peer's never sits in the FA3 / FlashInfer / Locks engines
-    for name in ("fa3", "flashinfer", "locks", "locks-one", "locks-four", "locks-pdl", "locks-one-pdl", "cpu", "locks-cpu"):
+    for name in ("fa3", "flashinfer", "locks", "locks[select=one]", "locks[pdl=true]", "cpu", "locks-cpu"):
         assert get_arm(name).environment(SparseKnobs(1024), None)["VLLM_PLUGINS"] == "locks_toolkit"
     with pytest.raises(ConfigError, match="unknown"):
         get_arm("sdpa")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("locks[select=three]", "select='three' unknown; use one of auto, one, four"),
+    ("locks[scorer_kernel=lean]", "scorer_kernel='lean' unknown; use one of cuda, transposed, pages"),
+    ("locks[pdl=yes]", "pdl='yes' unknown; use one of true, false"),
+    ("locks[budget=64]", "'budget=64' is not KEY=VALUE with KEY one of select, scorer_kernel, pdl"),
+    ("locks[select]", "'select' is not KEY=VALUE"),
+    ("locks[select=one,select=four]", "sets select twice"),
+    ("locks[]", "sets nothing"),
+    ("fa3[select=one]", "is not of the form locks[select=one,pdl=true,scorer_kernel=pages]"),
+    ("locks[select=one", "is not of the form"),
+])
+def test_a_parametric_arm_names_what_is_wrong(name, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        get_arm(name)
+
+
+def test_arm_lists_keep_commas_inside_brackets():
+    from locks_toolkit.harness.arms import split_arm_list
+
+    assert split_arm_list("fa3, locks[select=one,pdl=true],flashinfer") == ["fa3", "locks[select=one,pdl=true]", "flashinfer"]
+    from locks_toolkit.harness.plan import _coerce
+
+    plan = DecodePlan(arms=_coerce("arms", "fa3,locks[select=one,pdl=true]"))
+    assert plan.arms == ("fa3", "locks[select=one,pdl=true]")
 
 
 def test_dense_bytes_match_a_hand_count():
@@ -208,3 +237,10 @@ def test_batch_prefill_mode_is_checked_and_sizes_the_engine_for_the_survivors():
     assert once.decode_tokens_for(32768) == 3 * once.cell_decode_steps + 2
     assert per_batch.decode_tokens_for(32768) == max(per_batch.ramp_max_steps, per_batch.cell_decode_steps) + 2
     assert once.max_model_len_for(32768) > per_batch.max_model_len_for(32768)
+
+
+def test_a_parametric_arm_gives_plain_file_names():
+    from locks_toolkit.harness.arms import arm_file_stem
+
+    assert arm_file_stem("locks[select=one,pdl=true]") == "locks-select-one-pdl-true"
+    assert arm_file_stem("locks-cpu") == "locks-cpu"
