@@ -10,6 +10,7 @@ from rich.console import Console
 
 from ..reports.plots import PlotsUnavailable
 from ..reports.records import RecordsError, read_jsonl
+from ..reports.decode import RUN_CHOICES
 from ..reports.render import known_records, plot_report, render_comparison, render_report
 from ..reports.tables import TABLE_FORMATS, data_tables, write_tables
 from .errors import fail
@@ -34,6 +35,8 @@ def report(
     plots: Optional[Path] = typer.Option(None, "--plots", help="Also write PNG plots into this folder (needs the `plots` extra; with --compare, of B)."),
     formats: str = typer.Option("md", "--format", help="Comma-separated: md (the markdown), csv, json (each table as "
                                 "<out>.<table>.csv/.json beside --out)."),
+    runs: str = typer.Option("all", "--runs", help="A decode cell measured in several runs: all (every run, with its "
+                             "index and date) or latest (the newest only)."),
 ) -> None:
     """Render the decode ladder, batched grid, kernel profile, quality and microscope tables."""
     wanted = tuple(dict.fromkeys(f.strip() for f in formats.split(",") if f.strip()))
@@ -41,6 +44,8 @@ def report(
     if unknown or not wanted:
         raise fail(f"--format {formats!r}: unknown format(s) {', '.join(unknown) or '(none given)'}",
                    "pass md, csv, json or a comma-separated mix, e.g. --format md,csv")
+    if runs not in RUN_CHOICES:
+        raise fail(f"--runs {runs!r} unknown", f"pass one of {', '.join(RUN_CHOICES)}")
     table_formats = tuple(f for f in wanted if f in TABLE_FORMATS)
     if table_formats and out is None:
         raise fail(f"--format {','.join(table_formats)} writes files beside the markdown, and no --out was given",
@@ -58,10 +63,10 @@ def report(
             records = records_b  # plots show the candidate B
         else:
             records = read_jsonl(results)
-            text = render_report(records, sources=[p.name for p in results])
+            text = render_report(records, sources=[p.name for p in results], runs=runs)
         written = plot_report(records, plots, [p.name for p in (compare[1:] if compare else results)]) if plots else []
         if table_formats:
-            written += write_tables(data_tables(known_records(records)), out.with_suffix(""), table_formats)
+            written += write_tables(data_tables(known_records(records), runs), out.with_suffix(""), table_formats)
     except RecordsError as exc:
         raise fail(exc.message, exc.hint or None) from None
     except PlotsUnavailable as exc:

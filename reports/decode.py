@@ -161,25 +161,65 @@ def _row(record: Record) -> dict:
     }
 
 
-def decode_frame(records: Sequence[Record]) -> pd.DataFrame:
-    """One row per decode cell (the newest record wins; `superseded` counts older repeats), with speedup."""
+RUN_CHOICES = ("all", "latest")
+
+
+def decode_frame(records: Sequence[Record], runs: str = "all") -> pd.DataFrame:
+    """One row per decode cell and run, with speedup. A run is one `locks bench decode` invocation (its
+    provenance date). runs="all" keeps every run of a cell (`run` of `runs`, oldest first); "latest"
+    keeps the newest. A failed record that a later record of the same cell retried is dropped either way
+    (`superseded` counts them, with the older runs "latest" drops). Speedup: `_with_dense_reference`."""
+    if runs not in RUN_CHOICES:
+        raise ValueError(f"runs {runs!r} unknown; use one of {', '.join(RUN_CHOICES)}")
     if not records:
         return pd.DataFrame(columns=CELL_KEYS)
     frame = pd.DataFrame([_row(r) for r in records])
-    frame = frame.sort_values(CELL_KEYS + ["date"], kind="stable")
-    frame["superseded"] = frame.groupby(CELL_KEYS)["date"].transform("size") - 1
-    frame = frame.drop_duplicates(CELL_KEYS, keep="last")
-    ok_dense = frame[frame["dense"] & (frame["status"] == "ok") & frame["tpot_mean"].notna()]
-    ok_dense = ok_dense.sort_values(SETUP_KEYS + ["context_tokens", "batch_size", "tpot_mean", "arm_label"])
-    fastest = ok_dense.drop_duplicates(SETUP_KEYS + ["context_tokens", "batch_size"], keep="first")
-    fastest = fastest[SETUP_KEYS + ["context_tokens", "batch_size", "arm_label", "tpot_mean", "throughput_tok_s"]]
-    fastest.columns = SETUP_KEYS + ["context_tokens", "batch_size", "dense_arm", "dense_tpot", "dense_throughput"]
-    frame = frame.merge(fastest, on=SETUP_KEYS + ["context_tokens", "batch_size"], how="left")
+    frame = frame.sort_values(CELL_KEYS + ["date"], kind="stable").reset_index(drop=True)
+    retried = (frame.groupby(CELL_KEYS).cumcount(ascending=False) > 0) & (frame["status"] != "ok")
+    frame["superseded"] = retried.groupby([frame[k] for k in CELL_KEYS]).transform("sum").astype(int)
+    frame = frame[~retried].copy()
+    frame["run"] = frame.groupby(CELL_KEYS).cumcount() + 1
+    frame["runs"] = frame.groupby(CELL_KEYS)["run"].transform("size")
+    if runs == "latest":
+        frame["superseded"] += frame["runs"] - 1
+        frame = frame[frame["run"] == frame["runs"]].copy()
+        frame["run"] = frame["runs"] = 1  # one run shown per cell; `superseded` carries the others
+    frame = _with_dense_reference(frame)
     frame["speedup"] = np.where(frame["status"] == "ok", frame["dense_tpot"] / frame["tpot_mean"], np.nan)
     frame = _with_dense_ttft(frame)
-    order = SETUP_KEYS + ["context_tokens", "batch_size", "dense", "arm_label"]
-    ascending = [True] * (len(order) - 2) + [False, True]  # dense arms first within a cell
+    order = SETUP_KEYS + ["context_tokens", "batch_size", "dense", "arm_label", "run"]
+    ascending = [True] * (len(order) - 3) + [False, True, True]  # dense arms first within a cell
     return frame.sort_values(order, ascending=ascending, kind="stable").reset_index(drop=True)
+
+
+def latest_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """The newest run of every cell: what one-value-per-cell views (grid, frontiers, plots) show."""
+    if frame.empty or "run" not in frame.columns:
+        return frame
+    return frame[frame["run"] == frame["runs"]].reset_index(drop=True)
+
+
+def _fastest_dense(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    ok_dense = frame[frame["dense"] & (frame["status"] == "ok") & frame["tpot_mean"].notna()]
+    fastest = ok_dense.sort_values(keys + ["tpot_mean", "arm_label"]).drop_duplicates(keys, keep="first")
+    fastest = fastest[keys + ["arm_label", "tpot_mean", "throughput_tok_s"]]
+    fastest.columns = keys + ["dense_arm", "dense_tpot", "dense_throughput"]
+    return fastest
+
+
+def _with_dense_reference(frame: pd.DataFrame) -> pd.DataFrame:
+    """dense_arm / dense_tpot / dense_throughput: the faster dense arm over the dense cells' latest runs; for
+    a cell measured in several runs, the faster dense arm of each row's own run where that run has one (so
+    repeated runs pair side by side; `dense_same_run`)."""
+    cell = SETUP_KEYS + ["context_tokens", "batch_size"]
+    same = _fastest_dense(frame, cell + ["date"])
+    other = _fastest_dense(latest_runs(frame), cell).add_suffix("_latest")
+    frame = frame.merge(same, on=cell + ["date"], how="left")
+    frame = frame.merge(other, left_on=cell, right_on=[f"{k}_latest" for k in cell], how="left")
+    frame["dense_same_run"] = frame["dense_tpot"].notna() & (frame["runs"] > 1)
+    for column in ("dense_arm", "dense_tpot", "dense_throughput"):
+        frame[column] = frame[column].where(frame["dense_same_run"], frame[f"{column}_latest"])
+    return frame.drop(columns=[c for c in frame.columns if c.endswith("_latest")])
 
 
 def _with_dense_ttft(frame: pd.DataFrame) -> pd.DataFrame:
@@ -314,6 +354,15 @@ def _floor_cell(row: pd.Series, notes: md.Notes) -> str:
     return text
 
 
+def arm_run_label(row: pd.Series) -> str:
+    """The arm, and for a cell measured in several runs which one and when: 'fa3 (run 2 of 3, 12-01 20:32)'."""
+    runs = int(row.get("runs", 1) or 1)
+    if runs <= 1:
+        return row["arm_label"]
+    when = str(row["date"])[5:16].replace("T", " ")
+    return f"{row['arm_label']} (run {int(row['run'])} of {runs}, {when})"
+
+
 def cell_columns(row: pd.Series, notes: md.Notes) -> dict[str, str]:
     """The ladder's columns of one cell, built in an order that numbers footnotes the same way each time."""
     ok = row["status"] == "ok"
@@ -321,7 +370,7 @@ def cell_columns(row: pd.Series, notes: md.Notes) -> dict[str, str]:
     return {
         "Context": md.fmt_tokens(row["context_tokens"]),
         "Batch": str(row["batch_size"]),
-        "Arm": row["arm_label"],
+        "Arm": arm_run_label(row),
         "TPOT ms (mean ± sd)": tpot,
         "n": md.fmt_int(row["tpot_n"]) if ok else md.DASH,
         "Speedup": md.fmt_ratio(row["speedup"]),

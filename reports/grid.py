@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from . import markdown as md
-from .decode import SETUP_KEYS, cell_name, guard_marker, setup_title
+from .decode import SETUP_KEYS, cell_name, guard_marker, latest_runs, setup_title
 
 
 def _cell_markers(cells: pd.DataFrame, notes: md.Notes) -> str:
@@ -26,7 +26,8 @@ def _cell_markers(cells: pd.DataFrame, notes: md.Notes) -> str:
 
 
 def grid_frame(frame: pd.DataFrame) -> pd.DataFrame:
-    """Sparse-arm rows of the decode frame with an `is_frontier` flag per (setup, arm, context)."""
+    """Sparse-arm rows of the decode frame (each cell's latest run) with an `is_frontier` flag per (setup, arm, context)."""
+    frame = latest_runs(frame)
     sparse = frame[~frame["dense"]].copy()
     sparse["has_speedup"] = sparse["speedup"].notna()
     frontier = sparse[sparse["has_speedup"]].groupby(SETUP_KEYS + ["arm_label", "context_tokens"])["batch_size"].max()
@@ -40,7 +41,9 @@ def grid_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 def own_frontiers(frame: pd.DataFrame) -> pd.DataFrame:
     """Per (setup, sparse arm, context): each side's own frontier (largest ok batch) and throughput there;
-    the dense side is the dense arm with the highest throughput at its own frontier; `ratio` = sparse / dense."""
+    the dense side is the dense arm with the highest throughput at its own frontier; `ratio` = sparse / dense.
+    Each cell's latest run."""
+    frame = latest_runs(frame)
     ok = frame[frame["status"] == "ok"]
     keys = SETUP_KEYS + ["context_tokens"]
     dense = ok[ok["dense"]].sort_values(keys + ["arm_label", "batch_size"]).drop_duplicates(keys + ["arm_label"], keep="last")
@@ -76,7 +79,8 @@ def render_grid(frame: pd.DataFrame, notes: md.Notes) -> str:
     parts = ["## Batched grid (speedup vs the faster dense arm)", "",
              "Bold: the frontier, the largest batch at which both the sparse arm and a dense arm fit. Own frontiers: "
              "each side at its own largest batch that ran (sparse / the dense arm with the most tok/s there), "
-             "throughput ratio."]
+             "throughput ratio."
+             + (" A cell measured in several runs shows its latest run." if "runs" in frame and (frame["runs"] > 1).any() else "")]
     frontiers = own_frontiers(frame)
     batches = sorted(frame["batch_size"].unique())
     for (*setup, arm_label), group in sparse.groupby(SETUP_KEYS + ["arm_label"], sort=True):

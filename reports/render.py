@@ -9,7 +9,7 @@ import pandas as pd
 
 from . import markdown as md
 from .compare import render_comparison_tables
-from .decode import decode_frame, render_ladder, render_batched
+from .decode import decode_frame, latest_runs, render_batched, render_ladder
 from .grid import render_grid
 from .kernel import kernel_frame, render_kernel
 from .microscope import microscope_frame, render_microscope
@@ -54,12 +54,13 @@ def render_decode_run(records: Iterable[Record], title: str = "Decode cells") ->
     return _document(title, decode_sections(frame, notes), notes)
 
 
-def render_report(records: Iterable[Record], title: str = "Locks results", sources: list[str] | None = None) -> str:
+def render_report(records: Iterable[Record], title: str = "Locks results", sources: list[str] | None = None,
+                  runs: str = "all") -> str:
     """Provenance (with the `sources` files when given), then every table the records support, then one
-    footnote per cell that is not clean."""
+    footnote per cell that is not clean. runs: "all" shows every run of a repeated cell, "latest" its newest."""
     record_set = known_records(records)
     notes = md.Notes()
-    decode = decode_frame(record_set.get(DECODE))
+    decode = decode_frame(record_set.get(DECODE), runs)
     sections = [
         provenance_header(record_set, notes, sources),
         *decode_sections(decode, notes),
@@ -86,5 +87,5 @@ def plot_report(records: Iterable[Record], out_dir: Path, sources: list[str] | N
 
     record_set = known_records(records)
     caption = records_caption(record_set.all, sources)
-    return write_plots(decode_frame(record_set.get(DECODE)), eval_frame(record_set.get(EVAL)), out_dir,
+    return write_plots(latest_runs(decode_frame(record_set.get(DECODE))), eval_frame(record_set.get(EVAL)), out_dir,
                        micro=microscope_frame(record_set.get(MICROSCOPE)), caption=caption)

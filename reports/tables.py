@@ -22,8 +22,8 @@ TABLE_FORMATS = ("csv", "json")
 
 # The decode frame's columns a reader wants, in this order (the rest are rendering helpers).
 DECODE_COLUMNS = CELL_KEYS + [
-    "arm", "budget_tokens", "dense", "status", "reason", "date", "tpot_mean", "tpot_sd", "tpot_n", "tpot_cv",
-    "speedup", "dense_arm", "dense_tpot", "throughput_tok_s", "ttft_mean", "ttft_sd", "ttft_first", "build_ms",
+    "run", "runs", "arm", "budget_tokens", "dense", "status", "reason", "date", "tpot_mean", "tpot_sd", "tpot_n", "tpot_cv",
+    "speedup", "dense_arm", "dense_same_run", "dense_tpot", "throughput_tok_s", "ttft_mean", "ttft_sd", "ttft_first", "build_ms",
     "build_delta", "build_kernel_mean", "build_kernel_sd", "bytes_dense", "bytes_locks", "weights_bytes",
     "floor_fraction", "floor_basis", "windows_n", "windows_clean",
 ]
@@ -42,9 +42,10 @@ def noise_frame(decode: pd.DataFrame) -> pd.DataFrame:
                                                     "max_at_batch"])
 
 
-def data_tables(record_set: RecordSet) -> dict[str, pd.DataFrame]:
-    """name -> frame for every table the records support (an empty table is left out)."""
-    decode = decode_frame(record_set.get(DECODE))
+def data_tables(record_set: RecordSet, runs: str = "all") -> dict[str, pd.DataFrame]:
+    """name -> frame for every table the records support (an empty table is left out); the decode table
+    has a row per run of a repeated cell with runs="all" (`run`, `runs`, `date`)."""
+    decode = decode_frame(record_set.get(DECODE), runs)
     tables: dict[str, pd.DataFrame] = {}
     if len(decode):
         tables["decode"] = decode[[c for c in DECODE_COLUMNS if c in decode.columns]]

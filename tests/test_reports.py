@@ -22,7 +22,7 @@ from conftest import check_golden
 
 from locks_toolkit.reports import markdown as md
 from locks_toolkit.reports.compare import ratios
-from locks_toolkit.reports.decode import decode_frame, render_ladder
+from locks_toolkit.reports.decode import decode_frame, latest_runs, render_ladder
 from locks_toolkit.reports.grid import grid_frame, render_grid
 from locks_toolkit.reports.kernel import kernel_frame, render_kernel
 from locks_toolkit.reports.microscope import fidelity_table, microscope_frame, render_microscope
@@ -120,12 +120,30 @@ def test_unknown_schema_is_counted_not_dropped():
     assert "`locks.bench.prefill/0`: 1 record not shown[^" in text
 
 
-def test_newest_record_of_a_repeated_cell_wins_and_is_flagged():
+def test_every_run_of_a_repeated_cell_is_kept_with_its_index_and_date():
     decode = records("decode")
     rerun = json.loads(json.dumps(decode[0]))  # fa3 @ 16k bs1, measured again later
     rerun["tpot_ms"]["mean"] = 6.50
     rerun["provenance"]["date"] = "2026-12-01T00:00:00+00:00"
     frame = decode_frame([rerun] + decode)  # file order must not matter: the date decides
+    row = frame[(frame["arm_label"] == "fa3") & (frame["context_tokens"] == 16384) & (frame["batch_size"] == 1)]
+    assert row["tpot_mean"].tolist() == [decode[0]["tpot_ms"]["mean"], 6.50]
+    assert row["run"].tolist() == [1, 2] and row["runs"].tolist() == [2, 2] and row["superseded"].tolist() == [0, 0]
+    table = render_ladder(frame, md.Notes())
+    assert "| fa3 (run 2 of 2, 12-01 00:00) | 6.50 ± " in table and "| fa3 (run 1 of 2, " in table
+    # each run's speedup is against the dense arms of its own run: run 2 has only fa3, so 1.00x
+    assert row["dense_same_run"].tolist() == [True, True] and row["speedup"].tolist()[1] == pytest.approx(1.0)
+    assert len(latest_runs(frame)) == len(decode_frame(decode))  # one row per cell again
+    with pytest.raises(ValueError, match="runs 'some' unknown"):
+        decode_frame(decode, runs="some")
+
+
+def test_latest_run_of_a_repeated_cell_wins_and_is_flagged_when_asked():
+    decode = records("decode")
+    rerun = json.loads(json.dumps(decode[0]))  # fa3 @ 16k bs1, measured again later
+    rerun["tpot_ms"]["mean"] = 6.50
+    rerun["provenance"]["date"] = "2026-12-01T00:00:00+00:00"
+    frame = decode_frame([rerun] + decode, runs="latest")
     row = frame[(frame["arm_label"] == "fa3") & (frame["context_tokens"] == 16384) & (frame["batch_size"] == 1)]
     assert len(row) == 1 and row["tpot_mean"].item() == 6.50 and row["superseded"].item() == 1
     notes = md.Notes()
@@ -197,8 +215,11 @@ def test_compare_ratios_by_hand():
                      ["task", "arm_label"], ["mean"])
     assert quality["mean_ratio"].tolist() == [pytest.approx(4 / 3)]  # 1.00 / 0.75
     text = render_comparison(records("compare_a"), records("compare_b"))
-    assert "7.24 → 7.00 (0.967×)" in text and "8.27 → OOM[^" in text and "absent → 12.50" in text
-    assert "0.750 → 1.000 (1.333×)" in text
+    # each side with its n and 95% CI: 7.24 ± 1.96 x 0.03 / sqrt(30) = [7.229, 7.251]
+    assert "7.24 [7.23, 7.25] n=30 → 7.00 [6.99, 7.01] n=30 (0.967×)" in text
+    assert "| 1.01× → 1.05× (1.034×) |" in text  # no n or CI where the measure has none
+    assert "8.27 [" in text and "→ OOM[^" in text and "absent → 12.50 [" in text
+    assert "0.750 [0.250, 1.000] n=4 → 1.000 [1.000, 1.000] n=4 (1.333×)" in text
 
 
 def test_bootstrap_all_equal_scores_give_a_zero_width_interval():
@@ -314,7 +335,7 @@ def test_readme_example_is_the_current_output():
 def test_compare_when_each_side_holds_a_different_kind():
     text = render_comparison(records("decode"), records("microscope"))
     assert "## Decode cells: A → B (B/A)" in text and "## Selection fidelity (microscope): A → B (B/A)" in text
-    assert "6.93 → absent" in text and "absent → 0.952" in text  # fa3 @ 16k; oracle γ at b=2048
+    assert "6.93 [6.92, 6.94] n=30 → absent" in text and "absent → 0.952" in text  # fa3 @ 16k; oracle γ at b=2048
 
 
 def test_batched_dense_only_cells_are_listed_not_dropped():

@@ -166,3 +166,16 @@ def test_every_figure_is_captioned_with_its_records(monkeypatch, tmp_path):
     commit = stored[0]["provenance"]["git_commit"][:12]
     assert len(captions) == len(list(tmp_path.iterdir())) and len(set(captions)) == 1
     assert captions[0].startswith("records: decode.jsonl, microscope.jsonl · commit ") and commit in captions[0]
+
+
+def test_runs_keeps_every_run_or_the_latest(tmp_path):
+    rerun_file = tmp_path / "rerun.jsonl"
+    first = Path(fixture("decode")).read_text().splitlines()[0]  # fa3 @ 16k bs1
+    rerun_file.write_text(first.replace('"date": "2026-11-28T09:01:00+00:00"', '"date": "2026-12-01T00:00:00+00:00"') + "\n")
+    both = runner.invoke(app, ["report", fixture("decode"), str(rerun_file)])
+    assert both.exit_code == 0, both.output
+    assert "| fa3 (run 1 of 2, 11-28 09:01) |" in both.output and "| fa3 (run 2 of 2, 12-01 00:00) |" in both.output
+    latest = runner.invoke(app, ["report", fixture("decode"), str(rerun_file), "--runs", "latest"])
+    assert latest.exit_code == 0 and "(run " not in latest.output and "1 older record(s) of this cell superseded" in latest.output
+    bad = runner.invoke(app, ["report", fixture("decode"), "--runs", "best"])
+    assert bad.exit_code != 0 and "--runs 'best' unknown" in bad.output and "all, latest" in bad.output
