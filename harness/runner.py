@@ -267,6 +267,16 @@ def engine_log_path(plan: DecodePlan, group: CellGroup) -> Path:
     return run_dir(plan.output) / "engines" / f"{stamp}-{arm_file_stem(group.arm)}-{group.context}{budget}.log"
 
 
+def _stop_engine(process, grace_s: float = 10.0) -> None:
+    """Terminate an engine process (vLLM tears down its own children on SIGTERM), then kill it if it lingers."""
+    if process.is_alive():
+        process.terminate()
+        process.join(timeout=grace_s)
+    if process.is_alive():
+        process.kill()
+        process.join(timeout=grace_s)
+
+
 def _run_job(job: EngineJob, cells: dict[int, dict], write, on_phase=lambda message: None,
              log_path: Path | None = None) -> None:
     """Run one engine job (in a spawned process unless isolation is inline) and write its records."""
@@ -311,18 +321,22 @@ def _run_job(job: EngineJob, cells: dict[int, dict], write, on_phase=lambda mess
         process.start()
         finished = hung = False
         last_message = time.monotonic()
-        while not finished:
-            try:
-                finished = handle(messages.get(timeout=0.5))
-                last_message = time.monotonic()
-            except queue_module.Empty:
-                if not process.is_alive():
-                    break
-                if time.monotonic() - last_message > job.plan.silence_timeout_s:
-                    log.error("engine process %s silent for %.0f s; killing it", process.pid, job.plan.silence_timeout_s)
-                    hung = True
-                    process.kill()
-                    break
+        try:
+            while not finished:
+                try:
+                    finished = handle(messages.get(timeout=0.5))
+                    last_message = time.monotonic()
+                except queue_module.Empty:
+                    if not process.is_alive():
+                        break
+                    if time.monotonic() - last_message > job.plan.silence_timeout_s:
+                        log.error("engine process %s silent for %.0f s; killing it", process.pid, job.plan.silence_timeout_s)
+                        hung = True
+                        process.kill()
+                        break
+        except BaseException:  # Ctrl-C or a failure here: the engine must not outlive the run; its cells stay unwritten
+            _stop_engine(process)
+            raise
         process.join(timeout=120)  # vLLM teardown; a hung one must not block the ladder
         if process.is_alive():
             log.warning("engine process %s did not exit; terminating it", process.pid)

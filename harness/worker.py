@@ -103,7 +103,9 @@ def _fatal(stage: str, exc: BaseException) -> dict:
 
 
 def child_main(job: EngineJob, queue, log_path: str | None = None) -> None:
-    """Entry point of the spawned engine process; with `log_path` its stdout and stderr (vLLM's logs) go there."""
+    """Entry point of the spawned engine process; with `log_path` its stdout and stderr (vLLM's logs) go there.
+    A terminal's Ctrl-C reaches this process too: it is ignored here, and the harness stops the engine."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     if log_path is not None:
         _redirect_output(log_path)

@@ -203,12 +203,20 @@ def _run(plan, as_json: bool) -> None:
                                    f"batches {payload['batches']}")
             live.update(view())  # the status file already holds this event (runner order)
 
+        interrupted = False
         try:
             run_plan(plan, command=command, on_event=on_event)
         except HarnessError as exc:
             raise fail(str(exc), exc.hint) from None
         except ConfigError as exc:
             raise fail(str(exc)) from None
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        _stderr.print(f"[bold red]error:[/] interrupted; {len(finished)} cell(s) of this run are stored in {plan.output}, "
+                      "the cell in progress is not")
+        _stderr.print("[yellow]hint:[/] rerun the same command to resume (finished cells are kept)")
+        raise typer.Exit(130)
     if skipped:
         _stderr.print(f"resumed: {len(skipped)} cell(s) already stored in {plan.output} were skipped")
     wanted = {cell_key(r["cell"]) for r in finished} | {cell_key(c) for c in skipped}

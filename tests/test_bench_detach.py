@@ -182,3 +182,50 @@ def test_an_engine_killed_mid_cell_is_recorded_with_its_signal_and_the_rerun_ret
     assert "resumed: 1 cell(s)" in again.stderr  # the ok cell; the error cell ran again
     assert [(r["cell"]["context_tokens"], r["status"]) for r in read_records(store)] == [
         (128, "error"), (256, "ok"), (128, "ok")]
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_ctrl_c_during_a_ladder_keeps_finished_cells_and_says_how_to_resume(tmp_path):
+    """SIGINT to the foreground process group (a terminal's Ctrl-C reaches the engine processes too) while
+    the second rung's engine runs: exit 130 with one line saying what happened and how to resume, the
+    first rung's record intact and nothing half-written, the store unlocked, no engine left behind, and
+    the same command then measures only the interrupted rung."""
+    store = tmp_path / "bench.jsonl"
+    args = ["bench", "decode", SMOKE, "--contexts", "128,256", "--batch", "1", "--out", str(store)]
+    run = subprocess.Popen(CLI + args, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        state = _wait(store, lambda s: s["cells_done"] >= 1 and (s.get("current") or {}).get("context") == 256
+                      and (s.get("current") or {}).get("engine_pid"), poll_s=0.1)
+        engine_pid = state["current"]["engine_pid"]
+        os.killpg(run.pid, signal.SIGINT)
+        out, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    assert run.returncode == 130, (out, err)
+    said = " ".join(err.split())
+    assert "interrupted" in said and "1 cell(s) of this run are stored" in said and "rerun the same command" in said, said
+    assert "Traceback" not in err
+    assert [(r["cell"]["context_tokens"], r["status"]) for r in read_records(store)] == [(128, "ok")]
+    assert not store_is_locked(store) and read_status(store)["state"] == "interrupted"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(engine_pid):
+        time.sleep(0.2)
+    assert not _alive(engine_pid), "the engine process outlived the interrupted run"
+    again = CliRunner().invoke(app, args + ["--json"])
+    assert again.exit_code == 0, again.output
+    assert "resumed: 1 cell(s)" in again.stderr
+    assert [(r["cell"]["context_tokens"], r["status"]) for r in read_records(store)] == [(128, "ok"), (256, "ok")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return open(f"/proc/{pid}/stat").read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
