@@ -96,10 +96,23 @@ def is_oom(exc: BaseException) -> bool:
     )
 
 
+REASON_CHARS = 400  # a record's reason is one readable line; the full text stays in its traceback
+
+
+def error_reason(exc: BaseException, stage: str | None = None) -> str:
+    """'stage: Type: message' on one line, cut at REASON_CHARS (vLLM's errors can list hundreds of names)."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if stage:
+        text = f"{stage}: {text}"
+    if len(text) > REASON_CHARS:
+        text = text[: REASON_CHARS - 1].rstrip() + "… (the record's traceback has the rest)"
+    return text
+
+
 def _fatal(stage: str, exc: BaseException) -> dict:
     """The message that ends a job before any cell ran (call inside the `except`: it formats the traceback)."""
     return {"type": "fatal", "status": "oom" if is_oom(exc) else "error",
-            "reason": f"{stage}: {type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            "reason": error_reason(exc, stage), "traceback": traceback.format_exc()}
 
 
 def child_main(job: EngineJob, queue, log_path: str | None = None) -> None:
@@ -222,7 +235,7 @@ def _run_session(session, job: EngineJob, emit) -> None:
         except Exception as exc:  # noqa: BLE001
             status = "oom" if is_oom(exc) else "error"
             emit({"type": "cell", "batch": batch, "status": status,
-                  "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+                  "reason": error_reason(exc), "traceback": traceback.format_exc()})
             if status == "oom":
                 frontier = batch
                 continue
@@ -269,7 +282,7 @@ def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, weights: dict
                                          emit=emit, decoded_before=decoded)
         except Exception as exc:  # noqa: BLE001 - the shared requests' state is unknown; the parent marks the rest
             emit({"type": "cell", "batch": batch, "status": "oom" if is_oom(exc) else "error",
-                  "reason": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+                  "reason": error_reason(exc), "traceback": traceback.format_exc()})
             return
         decoded += steps
         last = index == len(fitting) - 1

@@ -169,3 +169,26 @@ def test_locks_cpu_arm_is_verified_by_the_backend_counters(tmp_path):
         "locks": {"budget": 128, "format": "r8i4", "scorer": "locks", "combine": "share_average"}}
     assert (dense["cell"]["budget_tokens"], dense["status"]) == (512, "refused")
     assert dense["reason"].startswith("deployed path, window 0:") and "dense fallback rows" in dense["reason"]
+
+
+def test_an_engine_that_raises_at_boot_is_one_short_error_record_and_a_hint(tmp_path):
+    """vLLM rejects the model while booting (an architecture it lacks): the cell is an `error` record whose
+    reason names the stage and vLLM's complaint on one line (vLLM appends hundreds of supported names; the
+    record's traceback keeps them), the run exits 1 and says where the engine's log is."""
+    from locks_toolkit.harness.presets import load_preset_config, materialize_model
+
+    model = tmp_path / "model"
+    model.mkdir()
+    config = json.loads((materialize_model(load_preset_config("tiny-llama"), tmp_path / "cache") / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "architectures": ["NoSuchModelForCausalLM"]}))
+    store = tmp_path / "bench.jsonl"
+    result = CliRunner().invoke(app, ["bench", "decode", SMOKE, "--model", str(model), "--contexts", "128",
+                                      "--batch", "1", "--out", str(store)])
+    assert result.exit_code == 1, result.output
+    (record,) = read_records(store)
+    assert record["status"] == "error" and record["reason"].startswith("engine boot failed: ValidationError")
+    assert "NoSuchModelForCausalLM" in record["reason"] and "\n" not in record["reason"]
+    assert len(record["reason"]) <= 450 and record["reason"].endswith("(the record's traceback has the rest)")
+    assert "LlamaForCausalLM" in record["traceback"]  # vLLM's full list of what it supports
+    said = " ".join(result.stderr.split())
+    assert "1 cell(s) failed" in said and "rerun the same command" in said and "engine's log" in said
