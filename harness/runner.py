@@ -11,6 +11,7 @@ import logging
 import multiprocessing as mp
 import os
 import queue as queue_module
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -150,6 +151,25 @@ def preflight(plan: DecodePlan) -> None:
         if missing:
             raise HarnessError(f"arm {name} needs the {missing} plugin, which is not installed",
                                f"pip install {missing}, or drop {name} from --arms")
+    check_writable(Path(plan.output))
+
+
+def check_writable(store: Path) -> None:
+    """The store's folder and its run folder can be created and written, before any engine boots."""
+    existing = next(p for p in [store.parent, *store.parent.parents] if p.exists())
+    if not existing.is_dir():
+        raise HarnessError(f"cannot write the store {store}: {existing} is a file, not a folder",
+                           "pass --out a path in a folder you can write")
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        run_dir(store).mkdir(exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=run_dir(store), prefix=".write-probe-"):
+            pass
+        if store.exists() and not os.access(store, os.W_OK):
+            raise PermissionError(13, "Permission denied", str(store))
+    except OSError as exc:
+        raise HarnessError(f"cannot write the store {store}: {exc.strerror or exc} ({exc.filename or store})",
+                           "pass --out a path in a folder you can write") from None
 
 
 def run_plan(plan: DecodePlan, command: str | None = None, on_event: Event | None = None) -> RunSummary:

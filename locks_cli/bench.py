@@ -212,6 +212,10 @@ def _run(plan, as_json: bool) -> None:
             raise fail(str(exc)) from None
         except KeyboardInterrupt:
             interrupted = True
+        except OSError as exc:  # the store's disk filled up or went away mid-run
+            raise fail(f"writing the run's files failed: {exc.strerror or exc} ({exc.filename or plan.output}); "
+                       f"{len(finished)} cell(s) of this run are stored, the cell in progress is not",
+                       "free space (or pass --out elsewhere), then rerun the same command: finished cells are kept") from None
     if interrupted:
         _stderr.print(f"[bold red]error:[/] interrupted; {len(finished)} cell(s) of this run are stored in {plan.output}, "
                       "the cell in progress is not")

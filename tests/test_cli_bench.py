@@ -2,6 +2,7 @@
 (the decode sections of `locks report` for the cells of the run)."""
 
 import json
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -255,3 +256,42 @@ def test_gpu_only_commands_refuse_without_a_gpu_before_any_engine(monkeypatch, a
     result = CliRunner().invoke(app, ["bench", *args])
     text = " ".join(result.stderr.split())
     assert result.exit_code == 2 and "need a CUDA GPU and none is visible" in text and hint in text
+
+
+def test_a_store_that_cannot_be_written_is_refused_before_any_engine(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    result = _invoke("--arms", "cpu", "--contexts", "128", "--out", str(blocker / "b.jsonl"))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.stderr.split())
+    assert f"cannot write the store {blocker / 'b.jsonl'}: {blocker} is a file, not a folder" in said
+    assert "pass --out a path in a folder you can write" in said
+    result = _invoke("--arms", "cpu", "--contexts", "128", "--out", "/sys/locks-no-such/b.jsonl")  # a read-only file system
+    assert result.exit_code == 2 and "cannot write the store /sys/locks-no-such/b.jsonl" in " ".join(result.stderr.split())
+
+
+def test_a_disk_that_fills_mid_run_keeps_finished_cells_and_says_how_to_resume(monkeypatch, tmp_path):
+    """The second record's append fails with ENOSPC: one error naming the cause and the way out, the first
+    record intact, nothing half-written (the store reads back whole)."""
+    import errno
+
+    from locks_toolkit.harness import store as harness_store
+
+    real_append, calls = harness_store.append_record, []
+
+    def filling_append(path, record):
+        calls.append(record)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real_append(path, record)
+
+    monkeypatch.setattr(harness_runner, "preflight", lambda plan: None)
+    monkeypatch.setattr(sys.modules[__name__], "append_record", filling_append)
+    monkeypatch.setattr(harness_runner, "run_plan", _fake_run(["ok", "ok"]))
+    store = tmp_path / "b.jsonl"
+    result = _invoke("--arms", "fa3,flashinfer", "--contexts", "16k", "--out", str(store))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.stderr.split())
+    assert "writing the run's files failed: No space left on device" in said and "1 cell(s) of this run are stored" in said
+    assert "then rerun the same command: finished cells are kept" in said
+    assert [r["cell"]["arm"] for r in read_records(store)] == ["fa3"]
