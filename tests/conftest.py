@@ -37,6 +37,7 @@ def check_golden(name: str, text: str) -> None:
 ENGINE_MARKS = ("vllm", "model")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the group marks into node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(name) for name in ENGINE_MARKS):
