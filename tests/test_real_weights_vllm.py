@@ -60,7 +60,7 @@ def runs(tmp_path_factory):
     import torch
 
     from locks_toolkit.suites.model_source import gguf_file, resolve_model_source, vllm_model_dir
-    from locks_toolkit.suites.models import load_gemma3_270m
+    from locks_toolkit.suites.model_source import load_gemma3_270m
     from locks_toolkit.suites.niah import build_niah_prompt
 
     loaded = load_gemma3_270m(torch.float32)

@@ -8,7 +8,7 @@ import pytest
 
 from locks_toolkit.suites import scorers
 from locks_toolkit.suites.catalog import score
-from locks_toolkit.suites.math_grading import boxed_equiv_score, last_boxed
+from locks_toolkit.suites.math_answers import boxed_equiv_score, last_boxed
 from locks_toolkit.suites.task_spec import load_task
 
 NO_META: dict = {}
