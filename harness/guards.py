@@ -228,3 +228,28 @@ def summarize(results: Sequence[GuardResult]) -> str:
         if status in statuses:
             return status
     return NOT_APPLICABLE
+
+
+def window_record(log_, sampler, lockstep, throttle, dep, verdict) -> dict:
+    """One timed window as a record stores it: its step log, the guards' verdicts and the NVML samples."""
+    detail = throttle.detail
+    by_device = sampler.by_device if sampler.by_device is not None and len(sampler.by_device) > 1 else None
+    return {
+        **asdict(log_),
+        "lockstep_ok": not lockstep.rejects,
+        "clean": verdict.clean,
+        "discard_reason": "; ".join(verdict.reasons) or None,
+        "throttle": {
+            "available": throttle.status != UNAVAILABLE,
+            "ok": None if throttle.status == UNAVAILABLE else not throttle.rejects,
+            "reasons_seen": detail.get("reasons_seen", []),
+            "reasons_mask": detail.get("reasons_mask"),
+            "sm_clock_min_mhz": detail.get("sm_mhz_min"),
+            "sm_clock_max_mhz": detail.get("sm_mhz_max"),
+            "reason": throttle.reason,
+            **({"devices": detail["devices"]} if "devices" in detail else {}),
+        },
+        "nvml_samples": sampler.samples,  # the first GPU's (the only one at TP = 1)
+        **({"nvml_samples_by_device": by_device} if by_device else {}),
+        "guards": {"lockstep": lockstep.to_dict(), "throttle": throttle.to_dict(), "deployed": dep.to_dict()},
+    }

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
 from .presets import ModelGeometry
+from .ranks import per_gpu_weights
 
 
 def summary_row_bytes(fmt: SummaryFormat, head_dim: int, page_size: int = PAGE_SIZE) -> int:
@@ -83,3 +84,39 @@ def step_stats(step_ms: Sequence[float], batch: int) -> dict:
         "max": float(values.max()),
         "tokens_per_s": batch * 1e3 / mean if mean > 0 else None,
     }
+
+
+def cell_bytes(plan, geometry: ModelGeometry, context: int, budget: int | None, batch: int, weights: dict | None,
+               decoded_before: int = 0) -> dict:
+    """Bytes per decode step at the live length mid-measurement (the prompt, the tokens decoded before the
+    cell, settle and half the windows): attention ({dense, locks}), weights, and the floors: floor_ms of
+    the attention bytes alone, step_floor_ms of weights + attention bytes."""
+    live = context + decoded_before + plan.settle_steps + plan.windows * plan.steps_per_window // 2
+    tokens = [live] * batch
+    dense = dense_bytes_per_step(geometry, tokens)
+    out = {"dense": dense, "locks": None, "live_tokens": live, "bandwidth_bytes_per_s": plan.hbm_bytes_per_s}
+    if budget is not None:
+        parts = locks_bytes_per_step(geometry, tokens, budget, SummaryFormat.parse(plan.summary_format))
+        out.update(locks=parts["total"], summary_bytes=parts["summary_bytes"],
+                   selected_kv_bytes=parts["selected_kv_bytes"], summary_row_bytes=parts["summary_row_bytes"],
+                   page_budget=parts["page_budget"])
+    attention = out["locks"] if out["locks"] is not None else dense
+    out["weights"] = weights["read_per_step"] if weights else None
+    out["weights_source"] = weights["source"] if weights else None
+    out["step_bytes"] = attention + out["weights"] if weights else None
+    # dense/locks/weights/step_bytes above are totals over all GPUs. Under TP each rank reads its own
+    # num_kv_heads / tp heads and weight shard and the ranks stream in parallel, so the floors are one
+    # GPU's bytes over one GPU's bandwidth (at TP = 1 per GPU and total coincide).
+    tp = plan.tensor_parallel_size
+    per_gpu_attention = attention // tp  # exact: tp divides the KV heads (plan validation)
+    per_gpu_weight = per_gpu_weights(weights, tp)
+    out["tensor_parallel_size"] = tp
+    out["per_gpu"] = {
+        "attention": per_gpu_attention,
+        "weights": per_gpu_weight,
+        "step_bytes": per_gpu_attention + per_gpu_weight if per_gpu_weight is not None else None,
+    }
+    out["floor_ms"] = floor_ms(per_gpu_attention, plan.hbm_bytes_per_s)
+    step_gpu = out["per_gpu"]["step_bytes"]
+    out["step_floor_ms"] = floor_ms(step_gpu, plan.hbm_bytes_per_s) if step_gpu is not None else None
+    return out

@@ -16,21 +16,19 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from . import guards, nvml
 from .arms import SparseKnobs, get_arm
 from .plan import DecodePlan
 from .presets import ModelGeometry
-from .traffic import dense_bytes_per_step, floor_ms, locks_bytes_per_step, step_stats
-from .ranks import per_gpu_weights
+from .traffic import cell_bytes, step_stats
+from .ttft import build_estimate, prefill_protocol, single_prefill_ttft
 from .weights import choose_weights
-from ..kernels.config import SummaryFormat
 
 log = logging.getLogger(__name__)
 
 _CLOCK_WINDOW = 8  # consecutive SM clock samples that must agree for the ramp to end
-BUILD_SD_MULTIPLE = 3.0  # a first-after-decode TTFT must exceed the steady mean by this many sd to count as build
 
 
 @dataclass(frozen=True)
@@ -367,7 +365,7 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
     result, _ = measure_live(session, job, batch, pre.request_ids, sm_max, weights, ramp=ramp, emit=emit)
     session.abort(pre.request_ids)
     result["prefill"] = _prefill_fields(pre, batch, prefill_counters)
-    result["prefills"] = _prefill_plan(job, with_ttft)
+    result["prefills"] = prefill_protocol(job.plan, job.context, with_ttft)
     _add_ttft(result, session, job, pre, batch, prefill_counters, with_ttft, emit)
     return result
 
@@ -428,12 +426,12 @@ def measure_live(session, job: EngineJob, batch: int, request_ids: list[str], sm
         verdict = guards.judge_window(lockstep, throttle, plan.require_nvml)
         verdicts.append(verdict)
         deployed.append(dep)
-        windows.append(_window_record(log_, sampler, lockstep, throttle, dep, verdict))
+        windows.append(guards.window_record(log_, sampler, lockstep, throttle, dep, verdict))
     counters_end = session.read_counters()
     status, reason = guards.judge_cell(verdicts, deployed)
     clean_ms = [ms for w in windows if w["clean"] for ms in w["step_ms"]]
     tpot = step_stats(clean_ms, batch)
-    traffic = _bytes(job, batch, weights, decoded_before + ramp_steps)
+    traffic = cell_bytes(job.plan, job.geometry, job.context, job.budget, batch, weights, decoded_before + ramp_steps)
     result = {
         "status": status,
         "reason": reason,
@@ -463,83 +461,6 @@ def measure_live(session, job: EngineJob, batch: int, request_ids: list[str], sm
     }
     steps = ramp_steps + (len(settle.step_ms) if settle else 0) + plan.windows * (plan.lead_steps + plan.steps_per_window)
     return result, steps
-
-
-def _prefill_plan(job: EngineJob, with_ttft: bool) -> dict:
-    """How many prefills the engine paid for this cell, and why (the record says which protocol ran)."""
-    plan = job.plan
-    if plan.single_prefill(job.context):
-        return {"mode": "single", "count": 1, "from_context": plan.single_prefill_from,
-                "why": f"context >= single_prefill_from ({plan.single_prefill_from}): no warm-up prefill, the clock "
-                       "ramp decodes on the measured requests, TTFT is this prefill (it includes one-time work)"}
-    repeats = 1 + plan.ttft_repeats if with_ttft else 0
-    return {"mode": "full", "count": 1 + repeats, "from_context": plan.single_prefill_from,
-            "why": "measured prefill" + (f" + first-after-decode and {plan.ttft_repeats} steady TTFT prefills"
-                                         if with_ttft else "") + " (the engine's warm-up prefill is not counted)"}
-
-
-def single_prefill_ttft(pre, batch: int, counters: dict | None) -> dict:
-    """TTFT at a single-prefill context: the measured prefill, the engine's first (so not steady)."""
-    return {
-        "batch_size": batch,
-        "method": "single",
-        "first_of_engine": pre.ttft_ms,
-        "first_after_decode": None,
-        "steady": [],
-        "steady_mean": None,
-        "steady_sd": None,
-        "steady_median": None,
-        "n": 0,
-        "first_minus_steady_ms": None,
-        "build_counters": counters,
-        "build_counters_each": [counters] if counters is not None else [],
-    }
-
-
-def build_estimate(ttft: dict, sparse: bool) -> tuple[float | None, str]:
-    """(build_ms, why): first prefill after a decode minus the steady mean, only when it stands out.
-
-    A lazy backend builds summaries once, at the first prefill after a decode; ours builds them inside
-    every prefill, so there the difference is noise (even negative) and the cost sits in steady TTFT.
-    The estimate is published only above BUILD_SD_MULTIPLE sd of the steady repeats, else None.
-    """
-    if not sparse:
-        return None, "dense arm: no summaries to build"
-    steady = ttft.get("steady") or []
-    if len(steady) < 2:
-        return None, f"not estimated: {len(steady)} steady TTFT sample(s), at least 2 are needed for an sd"
-    excess = ttft["first_after_decode"] - ttft["steady_mean"]
-    threshold = BUILD_SD_MULTIPLE * ttft["steady_sd"]
-    if excess > threshold and excess > 0:
-        return excess, (f"first prefill after decode minus steady mean ({excess:.1f} ms) exceeds "
-                        f"{BUILD_SD_MULTIPLE:g} sd of the steady samples ({threshold:.1f} ms)")
-    return None, (f"not significant: first prefill after decode minus steady mean is {excess:.1f} ms, "
-                  f"within {BUILD_SD_MULTIPLE:g} sd of the steady samples ({threshold:.1f} ms); a backend "
-                  f"that builds summaries inside every prefill carries the cost in steady TTFT")
-
-
-def _window_record(log_, sampler, lockstep, throttle, dep, verdict) -> dict:
-    detail = throttle.detail
-    by_device = sampler.by_device if sampler.by_device is not None and len(sampler.by_device) > 1 else None
-    return {
-        **asdict(log_),
-        "lockstep_ok": not lockstep.rejects,
-        "clean": verdict.clean,
-        "discard_reason": "; ".join(verdict.reasons) or None,
-        "throttle": {
-            "available": throttle.status != guards.UNAVAILABLE,
-            "ok": None if throttle.status == guards.UNAVAILABLE else not throttle.rejects,
-            "reasons_seen": detail.get("reasons_seen", []),
-            "reasons_mask": detail.get("reasons_mask"),
-            "sm_clock_min_mhz": detail.get("sm_mhz_min"),
-            "sm_clock_max_mhz": detail.get("sm_mhz_max"),
-            "reason": throttle.reason,
-            **({"devices": detail["devices"]} if "devices" in detail else {}),
-        },
-        "nvml_samples": sampler.samples,  # the first GPU's (the only one at TP = 1)
-        **({"nvml_samples_by_device": by_device} if by_device else {}),
-        "guards": {"lockstep": lockstep.to_dict(), "throttle": throttle.to_dict(), "deployed": dep.to_dict()},
-    }
 
 
 def measure_ttft(session, job: EngineJob, emit=None) -> dict:
@@ -583,39 +504,3 @@ def _delta(start: dict | None, end: dict | None) -> dict | None:
     if start is None or end is None:
         return None
     return {key: end[key] - start.get(key, 0) for key in end if isinstance(end[key], (int, float))}
-
-
-def _bytes(job: EngineJob, batch: int, weights: dict | None, decoded_before: int = 0) -> dict:
-    """Bytes per decode step at the live length mid-measurement (the prompt, the tokens decoded before the
-    cell, settle and half the windows): attention ({dense, locks}), weights, and the floors: floor_ms of
-    the attention bytes alone, step_floor_ms of weights + attention bytes."""
-    plan = job.plan
-    live = job.context + decoded_before + plan.settle_steps + plan.windows * plan.steps_per_window // 2
-    tokens = [live] * batch
-    dense = dense_bytes_per_step(job.geometry, tokens)
-    out = {"dense": dense, "locks": None, "live_tokens": live, "bandwidth_bytes_per_s": plan.hbm_bytes_per_s}
-    if job.budget is not None:
-        parts = locks_bytes_per_step(job.geometry, tokens, job.budget, SummaryFormat.parse(plan.summary_format))
-        out.update(locks=parts["total"], summary_bytes=parts["summary_bytes"],
-                   selected_kv_bytes=parts["selected_kv_bytes"], summary_row_bytes=parts["summary_row_bytes"],
-                   page_budget=parts["page_budget"])
-    attention = out["locks"] if out["locks"] is not None else dense
-    out["weights"] = weights["read_per_step"] if weights else None
-    out["weights_source"] = weights["source"] if weights else None
-    out["step_bytes"] = attention + out["weights"] if weights else None
-    # dense/locks/weights/step_bytes above are totals over all GPUs. Under TP each rank reads its own
-    # num_kv_heads / tp heads and weight shard and the ranks stream in parallel, so the floors are one
-    # GPU's bytes over one GPU's bandwidth (at TP = 1 per GPU and total coincide).
-    tp = plan.tensor_parallel_size
-    per_gpu_attention = attention // tp  # exact: tp divides the KV heads (plan validation)
-    per_gpu_weight = per_gpu_weights(weights, tp)
-    out["tensor_parallel_size"] = tp
-    out["per_gpu"] = {
-        "attention": per_gpu_attention,
-        "weights": per_gpu_weight,
-        "step_bytes": per_gpu_attention + per_gpu_weight if per_gpu_weight is not None else None,
-    }
-    out["floor_ms"] = floor_ms(per_gpu_attention, plan.hbm_bytes_per_s)
-    step_gpu = out["per_gpu"]["step_bytes"]
-    out["step_floor_ms"] = floor_ms(step_gpu, plan.hbm_bytes_per_s) if step_gpu is not None else None
-    return out

@@ -83,7 +83,7 @@ def arm_label(arm: str, cell: Record) -> str:
 def _harness_build_ms(record: Record) -> float:
     """The harness's own build estimate; from records older than `build_method` only when it is positive
     and above BUILD_SD_MULTIPLE sd of the steady TTFT repeats (else it is noise, even negative)."""
-    from ..harness.worker import BUILD_SD_MULTIPLE
+    from ..harness.ttft import BUILD_SD_MULTIPLE
 
     build = record.get("build_ms")
     if build is None:

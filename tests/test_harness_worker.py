@@ -16,7 +16,8 @@ from locks_toolkit.harness.plan import load_plan
 from locks_toolkit.harness.presets import ModelGeometry, load_preset_config
 from locks_toolkit.harness.session import DecodeLog, EngineStall, PrefillLog
 from locks_toolkit.harness.weights import weights_from_config
-from locks_toolkit.harness.worker import BUILD_SD_MULTIPLE, EngineJob, build_estimate, run_job
+from locks_toolkit.harness.ttft import BUILD_SD_MULTIPLE, build_estimate
+from locks_toolkit.harness.worker import EngineJob, run_job
 
 COUNTS = {"sparse_decode_rows": 0, "dense_fallback_rows": 0, "stock_decode_rows": 0, "summaries_built": 0}
 
