@@ -64,7 +64,7 @@ def test_markdown_names_each_variants_selection_path():
     assert "| mantissa+vec+mma | row (2 launches) |" in body[2]
     assert f"| words+vec | 1 launch, ≤ {ScoreTuning().select_chunks} chunks, loops tail |" in body[3]
     assert "| words+vec+mma | row (2 launches) |" in body[4]
-    assert "| words+pairs+mma | 4 launches," in body[5]  # a s6 sweep record (word_pairs, since removed)
+    assert "| words+pairs+mma | 4 launches," in body[5]  # a record of the removed lean kernel (word_pairs)
     assert f"| words+vec+mma | 3 launches, ≤ {ScoreTuning().select_chunks} chunks |" in body[6]
     assert "| 1 launch, ≤ 32 chunks, loops tail of 4096 |" in body[7]
     assert "| 1 launch, ≤ 32 chunks, memory tail |" in body[8]

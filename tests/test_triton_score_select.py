@@ -134,7 +134,7 @@ def test_vector_coefficient_loads_match_reference(device, case):
 @pytest.mark.parametrize("tuning", SCORER_VARIANTS, ids=lambda t: f"w{t.warps}-p{t.tile}" + ("-mma" if t.coef_mma else "-fma"))
 @pytest.mark.parametrize("case", [SELECT_CASES[0], SELECT_CASES[1], SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.fmt}-n{sum(c.seq_lens)}")
 def test_scorer_variants_select_what_the_reference_selects(device, tuning, case):
-    """The scorer's non-default paths (FMA coefficient contraction, the s4/s5 launch shape)
+    """The scorer's non-default paths (FMA coefficient contraction, a wide launch shape)
     on int4 / int8 formats; the default (tensor-core contraction, one warp, 4-page tiles) runs in every other test."""
     result = check_score_select(device, case, fresh_seed(), tuning=tuning)
     assert result.ok, str(result)

@@ -210,7 +210,7 @@ def test_auto_select_picks_the_path_by_block_table_width(device, caplog):
         assert auto.tuning_for(2080).select_path == "one"
         assert auto.tuning_for(AUTO_ONE_LAUNCH_MAX_PAGES).select_path == "one"
         assert auto.tuning_for(AUTO_ONE_LAUNCH_MAX_PAGES + 16).select_path == "four"
-        assert auto.tuning_for(4120).select_path == "four"  # the 64K engine, where four launches won (session 12)
+        assert auto.tuning_for(4120).select_path == "four"  # the 64K engine, where four launches won
         assert auto.tuning_for(2080).select_path == "one"  # cached: logged once per width
     said = [r.getMessage() for r in caplog.records]
     assert sum("runs the 'one' selection path" in m for m in said) == 2 and sum("runs the 'four'" in m for m in said) == 2
