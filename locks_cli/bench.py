@@ -360,7 +360,7 @@ def tp_check(
     as_json: bool = typer.Option(False, "--json", help="Print the whole record as JSON."),
 ) -> None:
     """Locks at TP=N vs TP=1 on a seeded random checkpoint, next to the dense arm's own TP drift."""
-    from ..harness.tp_check import main as tp_check_main
+    from ..harness.lab.tp_check import main as tp_check_main
     from ..harness.workload import parse_size
     from ..kernels.config import ConfigError
 
@@ -394,7 +394,7 @@ def kernel(
     as_json: bool = typer.Option(False, "--json", help="Print the records as a JSON array instead of markdown."),
 ) -> None:
     """Kernel profile per layer: build, score, select, sparse decode, Locks step and dense baselines vs the byte floor."""
-    from ..harness.kernel_bench import KernelBenchConfig, markdown_table, run_kernel_bench
+    from ..harness.lab.kernel_bench import KernelBenchConfig, markdown_table, run_kernel_bench
     from ..harness.provenance import reproduce_command
     from ..harness.store import append_record
     from ..harness.workload import parse_size_list
@@ -430,7 +430,7 @@ def trace(
 ) -> None:
     """Where one arm's decode step goes: kernel time, idle time and the costliest kernels per step (torch.profiler)."""
     from ..harness.plan import load_plan
-    from ..harness.step_trace import markdown, trace_arm
+    from ..harness.lab.step_trace import markdown, trace_arm
     from ..harness.store import append_record
     from ..harness.workload import parse_size
     from ..kernels.config import ConfigError

@@ -33,7 +33,7 @@ locks.bench.decode/1  (one per (arm, model, context, batch) session)
     throughput_tok_s
     path_check    {required, ok, counters{}}     the sparse path really ran
 
-locks.bench.kernel/1  (one per (preset, context, batch): harness/kernel_bench.py)
+locks.bench.kernel/1  (one per (preset, context, batch): harness/lab/kernel_bench.py)
     cell          {preset (or geometry), context_tokens, batch_size, budget_tokens, format, combine}
     timings_us    {stage: {mean_us, ...}};  bytes, floor_us, floor_fraction: {stage: number}
     best_dense, speedup_vs_dense

@@ -248,7 +248,7 @@ def test_closing_summary_orders_cells_keeps_the_newest_record_and_footnotes_ever
 def test_gpu_only_commands_refuse_without_a_gpu_before_any_engine(monkeypatch, args, hint):
     import torch
 
-    from locks_toolkit.harness import step_trace, tp_check
+    from locks_toolkit.harness.lab import step_trace, tp_check
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for module, name in ((step_trace, "trace_arm"), (tp_check, "main")):

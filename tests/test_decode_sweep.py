@@ -8,7 +8,7 @@ import torch
 
 
 def test_attended_pages_are_sink_recent_and_distinct_pages_between_in_order():
-    from locks_toolkit.harness.decode_sweep import attended_pages
+    from locks_toolkit.harness.lab.decode_sweep import attended_pages
 
     pages, k = 40, 9
     sel = attended_pages(2, 3, pages, k, torch.Generator().manual_seed(5))
@@ -20,7 +20,7 @@ def test_attended_pages_are_sink_recent_and_distinct_pages_between_in_order():
 
 
 def test_markdown_lists_each_shape_with_its_kernels_and_failures():
-    from locks_toolkit.harness.decode_sweep import markdown
+    from locks_toolkit.harness.lab.decode_sweep import markdown
     from locks_toolkit.kernels.triton.decode import DecodeTuning
 
     ok = {"tuning": asdict(DecodeTuning(pages_per_iter=4, warps=4, stages=1)), "context_tokens": 32768,
@@ -36,7 +36,7 @@ def test_markdown_lists_each_shape_with_its_kernels_and_failures():
 
 
 def test_pick_names_a_variant_that_does_not_exist(capsys):
-    from locks_toolkit.harness.decode_sweep import VARIANTS, main
+    from locks_toolkit.harness.lab.decode_sweep import VARIANTS, main
 
     assert main(["--pick", f"1,{len(VARIANTS)}"]) == 2
     assert f"must be comma-separated indices below {len(VARIANTS)}" in capsys.readouterr().err

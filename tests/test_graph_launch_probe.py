@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from locks_toolkit.harness import graph_launch_probe as probe
+from locks_toolkit.harness.lab import graph_launch_probe as probe
 from locks_toolkit.kernels.config import ConfigError
 
 

@@ -15,7 +15,7 @@ DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(re
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_selection_audit_accepts_the_kernel_and_catches_a_wrong_page(device):
-    from locks_toolkit.harness.score_sweep import selection_problems
+    from locks_toolkit.harness.lab.score_sweep import selection_problems
     from locks_toolkit.kernels.triton import ops
 
     gen = torch.Generator().manual_seed(fresh_seed())
@@ -42,7 +42,7 @@ def test_selection_audit_accepts_the_kernel_and_catches_a_wrong_page(device):
 def test_markdown_names_each_variants_selection_path():
     from dataclasses import asdict
 
-    from locks_toolkit.harness.score_sweep import markdown
+    from locks_toolkit.harness.lab.score_sweep import markdown
     from locks_toolkit.kernels.triton.score_select import ScoreTuning
 
     def row(tuning):
@@ -76,7 +76,7 @@ def test_markdown_names_each_variants_selection_path():
 def test_kernel_profile_averages_each_launch_and_the_table_lists_them():
     from dataclasses import asdict
 
-    from locks_toolkit.harness.score_sweep import markdown, mean_kernel_us
+    from locks_toolkit.harness.lab.score_sweep import markdown, mean_kernel_us
     from locks_toolkit.kernels.triton.score_select import ScoreTuning
 
     # two graph replays of a chain of three launches, one of them twice per chain
@@ -94,7 +94,7 @@ def test_kernel_profile_averages_each_launch_and_the_table_lists_them():
 
 
 def test_pick_names_a_variant_that_does_not_exist(capsys):
-    from locks_toolkit.harness.score_sweep import VARIANTS, main
+    from locks_toolkit.harness.lab.score_sweep import VARIANTS, main
 
     assert main(["--pick", f"0,{len(VARIANTS)}"]) == 2
     err = capsys.readouterr().err
@@ -104,7 +104,7 @@ def test_pick_names_a_variant_that_does_not_exist(capsys):
 def test_between_layers_table_shows_the_chain_time_net_of_the_products():
     from dataclasses import asdict
 
-    from locks_toolkit.harness.score_sweep import markdown
+    from locks_toolkit.harness.lab.score_sweep import markdown
     from locks_toolkit.kernels.triton.score_select import ScoreTuning
 
     base = {"context_tokens": 131072, "batch_size": 1, "status": "ok", "chunks": 132, "mean_us": 16.0, "sd_us": 0.1,
@@ -129,7 +129,7 @@ def test_between_layers_work_runs_a_decoder_layer_over_the_selected_pages(kind):
     import os
     from types import SimpleNamespace
 
-    from locks_toolkit.harness.score_sweep import between_layers_work
+    from locks_toolkit.harness.lab.score_sweep import between_layers_work
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the sparse decode kernel needs TRITON_INTERPRET=1 on a CPU machine")
@@ -149,7 +149,7 @@ def test_between_layers_work_runs_a_decoder_layer_over_the_selected_pages(kind):
 
 
 def test_select_repeats_below_one_is_refused(capsys):
-    from locks_toolkit.harness.score_sweep import main
+    from locks_toolkit.harness.lab.score_sweep import main
 
     assert main(["--select-repeats", "0"]) == 2
     assert "--select-repeats must be >= 1, got 0" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""harness/selection_replay.py without an engine: the key statistics and the command line's checks.
+"""harness/lab/selection_replay.py without an engine: the key statistics and the command line's checks.
 (The replay of a real backend capture is tested in test_vllm_backend_impl.py.)"""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from locks_toolkit.harness import selection_replay
+from locks_toolkit.harness.lab import selection_replay
 from locks_toolkit.kernels.config import PAGE_SIZE
 from locks_toolkit.kernels.triton import topk
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from locks_toolkit.harness import tp_check as tc
-from locks_toolkit.harness.tp_checkpoint import (
+from locks_toolkit.harness.lab import tp_check as tc
+from locks_toolkit.harness.lab.tp_checkpoint import (
     CheckpointSpec,
     make_tensors,
     write_checkpoint,
@@ -130,7 +130,7 @@ def _capture_runs(generator, tp_heads, context=1000, steps=5, tokens=(4, 5, 6, 7
 def test_capture_comparison_lines_up_rank_heads_and_fails_when_two_ranks_swap():
     import random
 
-    from locks_toolkit.harness import tp_captures
+    from locks_toolkit.harness.lab import tp_captures
 
     counters = {"sparse_decode_rows": 10, "dense_fallback_rows": 0}
     ref, other = _capture_runs(random.Random(1), [[0, 1], [2, 3]])
@@ -169,7 +169,7 @@ def test_capture_comparison_lines_up_rank_heads_and_fails_when_two_ranks_swap():
 def test_capture_comparison_reads_only_shared_prefix_steps_and_needs_every_rank_to_pass():
     import random
 
-    from locks_toolkit.harness import tp_captures
+    from locks_toolkit.harness.lab import tp_captures
 
     # tokens part at index 2: decode steps 0 and 1 read tokens 0..1 only; steps 2.. are not comparable
     ref, other = _capture_runs(random.Random(2), [[0, 1], [2, 3]], other_tokens=(4, 5, 1, 1, 1, 1))
@@ -239,7 +239,7 @@ def test_whole_check_on_the_cpu_engines_tp1_vs_tp2(tmp_path):
 
 
 def test_qk_std_scales_only_the_query_and_key_projections():
-    from locks_toolkit.harness.tp_checkpoint import CheckpointSpec, make_tensors
+    from locks_toolkit.harness.lab.tp_checkpoint import CheckpointSpec, make_tensors
 
     base = CheckpointSpec(num_layers=1, hidden_size=64, num_q_heads=4, num_kv_heads=2, head_dim=16,
                           intermediate_size=32, vocab_size=50, dtype="float32")

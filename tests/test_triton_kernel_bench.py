@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from locks_toolkit.harness import kernel_bench as kb
+from locks_toolkit.harness.lab import kernel_bench as kb
 from locks_toolkit.kernels.config import ConfigError, SummaryFormat
 from locks_toolkit.kernels.reference.packing import SummaryLayout
 

@@ -233,7 +233,7 @@ def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(devic
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
     kernel's own integer keys, ties to the lower page ids (the reference check tolerates 1e-5)."""
-    from locks_toolkit.harness.score_sweep import selection_problems
+    from locks_toolkit.harness.lab.score_sweep import selection_problems
     from locks_toolkit.kernels.config import PAGE_SIZE, SummaryFormat
     from locks_toolkit.kernels.reference.packing import SummaryLayout, pack_summaries
     from locks_toolkit.kernels.reference.summary import build_page_summaries

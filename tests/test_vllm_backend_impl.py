@@ -220,9 +220,9 @@ def test_auto_select_picks_the_path_by_block_table_width(device, caplog):
 @pytest.mark.parametrize("device", _triton_devices())
 def test_selection_replay_reproduces_the_engines_pages(model_dir, device):
     """A decode capture replayed through the Triton score kernel and every selection path
-    (harness/selection_replay.py) selects the pages the backend selected, and its key statistics
+    (harness/lab/selection_replay.py) selects the pages the backend selected, and its key statistics
     describe the threshold search: nothing contested above the threshold's bin when k - 2 = 1."""
-    from locks_toolkit.harness.selection_replay import path_tunings, replay_capture
+    from locks_toolkit.harness.lab.selection_replay import path_tunings, replay_capture
 
     debug.clear()
     run_steps(model_dir, torch.Generator().manual_seed(13), budget=48, scorer="locks", debug_capture_layers=[0])

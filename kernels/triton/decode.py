@@ -61,7 +61,7 @@ class DecodeTuning:
 
 
 # One 4-page iteration per program at bs1, b = 2048 (32 splits x 4 KV heads), 8 warps, the eager merge. In a
-# decoder layer on the H200 (`harness.decode_sweep`) decode + merge took 5.2 + 2.3 µs at bs1 and 14.6 + 2.5
+# decoder layer on the H200 (`harness.lab.decode_sweep`) decode + merge took 5.2 + 2.3 µs at bs1 and 14.6 + 2.5
 # at bs8, against 5.8 + 2.5 and 17.4 + 2.5 for the earlier shape (`TWO_PAGE_DECODE`: two 2-page iterations,
 # 4 warps, the merge waiting on each lse).
 DEFAULT_DECODE = DecodeTuning()

@@ -32,7 +32,7 @@ from ._common import enter_dependent, mm
 # barriers) against 0.4 us to stream the tile at 4.23 TB/s / 132 SMs. ncu (H200, 2026-11-29, 128K bs1,
 # 128 chunks): 9 cycles per issued instruction, stalled on global loads (long scoreboard), the shared
 # memory queue (MIO throttle) and shared loads, with 3x the ideal global sectors and 2x the ideal shared
-# wavefronts. What helped, measured (harness/score_sweep.py): filling every program slot (64 -> 128
+# wavefronts. What helped, measured (harness/lab/score_sweep.py): filling every program slot (64 -> 128
 # chunks: 57.2 -> 46.6 us), fewer and wider loads per tile (42.4 us). Launch tuning beyond that is
 # exhausted: 8 warps, uncapped registers, software pipelining and int-to-float decode were all slower.
 # H200 (2026-11-30, bs1): one warp per program over 4-page tiles
@@ -57,7 +57,7 @@ SCORE_MAXNREG = 128  # r8i4, G=8, d=128: no spill at 1 warp x 4 pages (108 used 
 
 @dataclass(frozen=True)
 class ScoreTuning:
-    """Launch shape of the score kernel (harness/score_sweep.py times alternatives; results
+    """Launch shape of the score kernel (harness/lab/score_sweep.py times alternatives; results
     must not depend on it beyond fp32 summation order). maxnreg None: the compiler's choice, and the
     grid assumes one program per SM; stages > 1 software-pipelines the tile loop (tl.range)."""
 

@@ -4,7 +4,7 @@
 kernel's output vs attention over the captured pages. `check_rank_captures` (any scorer, one process,
 so one TP rank): the output vs attention over the captured pages, the sink and recent pages kept, the
 page ids valid and distinct; it returns a small JSON-able dict, with the selections and queries of one
-layer per step, which the TP check (harness/tp_check.py) gathers from every rank and compares across TP.
+layer per step, which the TP check (harness/lab/tp_check.py) gathers from every rank and compares across TP.
 """
 
 from __future__ import annotations

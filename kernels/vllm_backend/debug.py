@@ -30,7 +30,7 @@ def record(layer_name: str, q, block_table, seq_lens, selected_pages, out, k_cac
            summary_rows=None, selection: dict | None = None) -> None:
     """One decode step of one layer. summary_rows (referenced like the cache: a page's row is written once
     it completes) and selection (layout, num_kv_heads, page_budget, combine, select) let the step's
-    selection be replayed outside the engine (`harness/selection_replay.py`)."""
+    selection be replayed outside the engine (`harness/lab/selection_replay.py`)."""
     captures.append(
         {
             "layer": layer_name,

@@ -1,6 +1,6 @@
 """Launch-shape sweep of the Locks score kernel on one GPU: which ScoreTuning is fastest, per cell.
 
-    python -m locks_toolkit.harness.score_sweep --contexts 32k,128k --batch 1,8
+    python -m locks_toolkit.harness.lab.score_sweep --contexts 32k,128k --batch 1,8
 
 For each (context, batch) it times the score kernel alone (CUDA graph over layer copies, as `locks
 bench kernel` does) under every tuning in VARIANTS, the selection alone, and both chained layer by
@@ -18,13 +18,13 @@ from dataclasses import asdict
 
 import torch
 
-from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
-from ..kernels.reference.packing import SummaryLayout
-from ..kernels.triton import ops
-from ..kernels.triton.score_select import DEFAULT_TUNING, SCORER_KERNELS, ScoreTuning
+from ...kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
+from ...kernels.reference.packing import SummaryLayout
+from ...kernels.triton import ops
+from ...kernels.triton.score_select import DEFAULT_TUNING, SCORER_KERNELS, ScoreTuning
 from .kernel_bench import _ContextState, _time_graph, add_sweep_arguments, capture_graph, pick_variants, resolve_geometry, sweep_contexts, variant_error
-from .provenance import collect, reproduce_command
-from .workload import format_size, parse_size_list
+from ..provenance import collect, reproduce_command
+from ..workload import format_size, parse_size_list
 
 SCHEMA_SCORE_SWEEP = "locks.score_sweep/1"
 

@@ -1,14 +1,14 @@
 """TP consistency check: does Locks at tensor parallelism N decode what Locks at TP=1 decodes?
 
 TP changes numerics on its own (all-reduces sum partial products in another order), so the check is
-relative: greedy decode of one seeded prompt on a seeded random checkpoint (harness/tp_checkpoint.py)
+relative: greedy decode of one seeded prompt on a seeded random checkpoint (harness/lab/tp_checkpoint.py)
 with the sparse arm (Locks, page budget far below the context) and the dense arm (FA3), each at TP=1
 and TP=N, every engine in its own subprocess. For each arm the TP=N run is compared with its TP=1 run
 up to and including the first step where the greedy tokens differ (before it the two saw the same
 prefix, so their logprobs are comparable).
 
 With `capture_layers` (default (0,)) the Locks engines run eager with decode captures, and the verdict is
-theirs (harness/tp_captures.py): every rank's captures pass their check (output = fp32 attention over the
+theirs (harness/lab/tp_captures.py): every rank's captures pass their check (output = fp32 attention over the
 selected pages; sink and recent pages kept; ids valid and distinct), layer 0's pages at the shared-prefix
 decode steps overlap TP=1's by at least `min_page_overlap`, and the sparse path ran (backend counters
 summed over ranks). The logprob comparison stays in the record as information only: the random model is
@@ -16,7 +16,7 @@ chaotic (on the H200, FA3's own TP2-vs-TP1 drift is 0.19-1.1 nats at the prefill
 part at step 1), so it cannot tell a TP partition bug from chaos. Without captures it decides as before:
 Locks' largest |delta logprob| at most FA3's plus `tolerance`, and the sparse path ran.
 
-    python -m locks_toolkit.harness.tp_check --out runs/tp-check.jsonl          # on 2 GPUs
+    python -m locks_toolkit.harness.lab.tp_check --out runs/tp-check.jsonl          # on 2 GPUs
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..kernels.config import ConfigError
-from .arms import SparseKnobs, get_arm
+from ...kernels.config import ConfigError
+from ..arms import SparseKnobs, get_arm
 from .tp_captures import (
     COMPARED_LAYER,
     capture_fault,
@@ -44,7 +44,7 @@ from .tp_captures import (
     without_queries,
 )
 from .tp_checkpoint import CheckpointSpec, write_checkpoint
-from .worker import TP_ENVIRONMENT
+from ..worker import TP_ENVIRONMENT
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class TPCheckConfig:
     min_page_overlap: float = 0.95  # layer-0 pages TP=N vs TP=1: near-tie flips only
 
     def __post_init__(self) -> None:
-        from .plan import GRAPH_MODES
+        from ..plan import GRAPH_MODES
 
         if get_arm(self.sparse_arm).sparse is False or get_arm(self.dense_arm).sparse:
             raise ConfigError(f"need a dense and a sparse arm; got dense={self.dense_arm}, sparse={self.sparse_arm}")
@@ -111,8 +111,8 @@ def engine_run(config: TPCheckConfig, model_dir: str, arm_name: str, tp: int) ->
     """Greedy decode of the seeded prompt on one engine: tokens, top-k logprobs per step, counters per rank."""
     import numpy as np
 
-    from . import ranks
-    from .plan import GRAPH_MODES
+    from .. import ranks
+    from ..plan import GRAPH_MODES
 
     arm = get_arm(arm_name)
     knobs = SparseKnobs(config.budget) if arm.sparse else None
@@ -287,8 +287,8 @@ def _config_from_dict(data: dict) -> TPCheckConfig:
 def run_tp_check(config: TPCheckConfig, out: str | Path | None = None, workdir: str | Path | None = None,
                  engine_timeout_s: float = 600.0) -> dict:
     """Write the checkpoint, run the four engines, compare; appends the record to `out` when given."""
-    from .provenance import collect
-    from .store import append_record
+    from ..provenance import collect
+    from ..store import append_record
 
     with tempfile.TemporaryDirectory(prefix="locks-tp-check-", dir=workdir) as scratch:
         started = time.perf_counter()

@@ -1,6 +1,6 @@
 """Replay an engine's decode-step selection outside the engine: same data, every selection path, timed alone.
 
-    python -m locks_toolkit.harness.selection_replay --context 128k --layers 2 --steps 3 --out replay.jsonl
+    python -m locks_toolkit.harness.lab.selection_replay --context 128k --layers 2 --steps 3 --out replay.jsonl
 
 Why: the one-launch selection took 33-34 µs per layer inside the vLLM engine at 128K (dummy weights) and
 15-19 µs in every kernel sweep (random, near-tied and flat keys). The sweep's keys are not the engine's.
@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch
 
-from ..kernels.config import PAGE_SIZE, SELECT_PATHS
-from ..kernels.triton import ops
-from ..kernels.triton import topk as _topk
-from ..kernels.triton.score_select import SCORER_KERNELS, ScoreTuning
-from .provenance import collect, reproduce_command
-from .workload import parse_size
+from ...kernels.config import PAGE_SIZE, SELECT_PATHS
+from ...kernels.triton import ops
+from ...kernels.triton import topk as _topk
+from ...kernels.triton.score_select import SCORER_KERNELS, ScoreTuning
+from ..provenance import collect, reproduce_command
+from ..workload import parse_size
 
 SCHEMA_SELECTION_REPLAY = "locks.selection_replay/1"
 PRODUCTION = ScoreTuning(**SCORER_KERNELS["transposed"])  # the backend's score kernel
@@ -115,9 +115,9 @@ def capture_engine_steps(context: int, layers: int, capture_layer: int, steps: i
                          utilization: float, replays: int, paths) -> list[dict]:
     """The bench's model in an in-process eager engine; replays every capture of `capture_layer` before
     the engine (whose cache the captures reference) goes away."""
-    from ..kernels.vllm_backend import debug
-    from ..kernels.vllm_backend.gpu_check import GLM4_9B_GEOMETRY, greedy, prompt_ids, with_engine
-    from ..kernels.vllm_backend.plugin import register
+    from ...kernels.vllm_backend import debug
+    from ...kernels.vllm_backend.gpu_check import GLM4_9B_GEOMETRY, greedy, prompt_ids, with_engine
+    from ...kernels.vllm_backend.plugin import register
 
     register()
     with tempfile.TemporaryDirectory() as model_dir:

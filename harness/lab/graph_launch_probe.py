@@ -8,7 +8,7 @@ tracing inflates cudaGraphLaunch itself (H200, 2026-11-29: 1.26 ms Locks vs 0.88
 profiler). This probe captures graphs of N tiny kernels and times, without a profiler, the host call
 (replay) and idle-to-done (replay + synchronize), then fits time = a + b N.
 
-    python3 -m locks_toolkit.harness.graph_launch_probe --nodes 100,300,550,750,1000 --out probe.jsonl
+    python3 -m locks_toolkit.harness.lab.graph_launch_probe --nodes 100,300,550,750,1000 --out probe.jsonl
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..kernels.config import ConfigError
+from ...kernels.config import ConfigError
 
 log = logging.getLogger(__name__)
 SCHEMA = "locks.bench.graph_launch/1"
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         log.error("%s", exc)
         return 2
-    from .provenance import collect, reproduce_command
+    from ..provenance import collect, reproduce_command
 
     cells = [time_graph(n, args.reps) for n in nodes]
     fit = summarize(cells)

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .arms import arm_file_stem, get_arm
-from .plan import DecodePlan
+from ..arms import arm_file_stem, get_arm
+from ..plan import DecodePlan
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +158,11 @@ def trace_arm(plan: DecodePlan, arm_name: str, context: int, budget: int | None,
     """Profile `steps` decode steps of one arm at one context (batch 1); returns the trace record."""
     import torch
 
-    from . import provenance as prov
-    from .presets import ModelGeometry
-    from .runner import resolve_model
-    from .session import EngineSession
-    from .worker import EngineJob, job_environment
+    from .. import provenance as prov
+    from ..presets import ModelGeometry
+    from ..runner import resolve_model
+    from ..session import EngineSession
+    from ..worker import EngineJob, job_environment
 
     if steps < 1 or warm_steps < 0:
         raise ValueError(f"steps {steps} must be >= 1 and warm_steps {warm_steps} >= 0")
@@ -227,7 +227,7 @@ def summary_markdown(title: str, summary: dict, top: int = 10) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m locks_toolkit.harness.step_trace TRACE.json[.gz] ...`: summarize stored chrome traces again."""
+    """`python -m locks_toolkit.harness.lab.step_trace TRACE.json[.gz] ...`: summarize stored chrome traces again."""
     import argparse
     import sys
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..kernels.config import ConfigError
+from ...kernels.config import ConfigError
 
 log = logging.getLogger(__name__)
 

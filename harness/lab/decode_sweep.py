@@ -1,6 +1,6 @@
 """Launch-shape sweep of the sparse decode (+ merge) on one GPU: which `DecodeTuning` is fastest, per cell.
 
-    python -m locks_toolkit.harness.decode_sweep --contexts 32k --batch 1 --profile
+    python -m locks_toolkit.harness.lab.decode_sweep --contexts 32k --batch 1 --profile
 
 For each (context, batch) and tuning in VARIANTS it times the decode over the layer copies alone (CUDA graph,
 as `locks bench kernel` does), and again between the rest of a decoder layer (`score_sweep.decoder_layer_rest`),
@@ -20,16 +20,16 @@ from dataclasses import asdict
 
 import torch
 
-from ..kernels.config import SelectionConfig, SummaryFormat
-from ..kernels.reference.attention import paged_decode_reference
-from ..kernels.reference.packing import SummaryLayout
-from ..kernels.triton import ops
-from ..kernels.triton.checks import BF16_DECODE_TOLERANCE
-from ..kernels.triton.decode import DEFAULT_DECODE, TWO_PAGE_DECODE, DecodeTuning
+from ...kernels.config import SelectionConfig, SummaryFormat
+from ...kernels.reference.attention import paged_decode_reference
+from ...kernels.reference.packing import SummaryLayout
+from ...kernels.triton import ops
+from ...kernels.triton.checks import BF16_DECODE_TOLERANCE
+from ...kernels.triton.decode import DEFAULT_DECODE, TWO_PAGE_DECODE, DecodeTuning
 from .kernel_bench import _ContextState, _time_graph, add_sweep_arguments, pick_variants, resolve_geometry, sweep_contexts, variant_error
-from .provenance import collect, reproduce_command
+from ..provenance import collect, reproduce_command
 from .score_sweep import decoder_layer_rest, profile_graph
-from .workload import format_size, parse_size_list
+from ..workload import format_size, parse_size_list
 
 SCHEMA_DECODE_SWEEP = "locks.decode_sweep/1"
 

@@ -22,12 +22,12 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from ..kernels.config import PAGE_SIZE, ConfigError, SelectionConfig, SummaryFormat, cdiv
-from ..kernels.reference.packing import SummaryLayout
-from ..kernels.reference.testing import fresh_seed
-from ..kernels.triton import ops
-from ..kernels.triton.checks import gpu_smoke_checks
-from .workload import format_size
+from ...kernels.config import PAGE_SIZE, ConfigError, SelectionConfig, SummaryFormat, cdiv
+from ...kernels.reference.packing import SummaryLayout
+from ...kernels.reference.testing import fresh_seed
+from ...kernels.triton import ops
+from ...kernels.triton.checks import gpu_smoke_checks
+from ..workload import format_size
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ _EXTRA = {
 
 def resolve_geometry(name: str) -> KernelGeometry:
     """A harness preset name (or alias), or one of the extra Gemma-3 geometries."""
-    from .presets import ModelGeometry, load_preset_config, preset_names
+    from ..presets import ModelGeometry, load_preset_config, preset_names
 
     name = ALIASES.get(name, name)
     if name in _EXTRA:
@@ -371,7 +371,7 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
 
 def run_kernel_bench(cfg: KernelBenchConfig, command: str, sink=None) -> list[dict]:
     """Run the grid; `sink(record)` is called per record (e.g. the JSONL store). Returns the records."""
-    from .provenance import collect
+    from ..provenance import collect
 
     if not torch.cuda.is_available():
         raise ConfigError("`locks bench kernel` needs a CUDA GPU; run it on the H200 machine")
@@ -450,14 +450,14 @@ def markdown_table(records: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m locks_toolkit.harness.kernel_bench` for machines without typer/rich (plain torch + triton)."""
+    """`python -m locks_toolkit.harness.lab.kernel_bench` for machines without typer/rich (plain torch + triton)."""
     import argparse
     import json
     import sys
 
-    from .provenance import reproduce_command
-    from .store import append_record
-    from .workload import parse_size_list
+    from ..provenance import reproduce_command
+    from ..store import append_record
+    from ..workload import parse_size_list
 
     parser = argparse.ArgumentParser(description="Locks kernel profile per layer (same as `locks bench kernel`).")
     parser.add_argument("--preset", default="glm4-9b-1m")
