@@ -10,16 +10,15 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.console import Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .errors import fail
+from .errors import fail, stderr_console
 
 app = typer.Typer(help="Speed: matched-pair engine sessions and kernel profiles.", no_args_is_help=True)
-_stderr = Console(stderr=True)
+_stderr = stderr_console
 
 
 def _finished_table(records: list[dict]) -> Table:

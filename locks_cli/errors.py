@@ -6,7 +6,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-_stderr = Console(stderr=True)
+# soft_wrap: a message is one line that the terminal wraps; rich would otherwise break a long path
+# inside a word, and the path could no longer be copied.
+stderr_console = Console(stderr=True, soft_wrap=True)
+_stderr = stderr_console
 
 
 def fail(message: str, hint: str | None = None, code: int = 2) -> "typer.Exit":

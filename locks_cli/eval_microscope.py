@@ -15,9 +15,9 @@ from ..suites.fidelity import DEFAULT_BUDGETS, DEFAULT_FORMATS, DEFAULT_SELECTOR
 from ..suites.microscope import parse_arms
 from ..suites.microscope_tables import render_fidelity_tables
 from ..suites.models import INSTALL_HINT, ModelMissingError
-from .errors import fail
+from .errors import fail, stderr_console
 
-_stderr = Console(stderr=True)
+_stderr = stderr_console
 _DEFAULT = MicroscopeConfig()  # the one source of the defaults
 _PIPED_WIDTH = 160  # a piped / redirected table keeps all its columns instead of wrapping at 80
 

@@ -8,12 +8,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from .errors import fail
+from .errors import fail, stderr_console
 
-_stderr = Console(stderr=True)
+_stderr = stderr_console
 _DEFAULT_ARMS = "fullkv,oracle,locks:r8i4,quest,centroid"
 _DATA_HINT = "put the task's JSONL file under --data-dir; the expected schema is named above"
 

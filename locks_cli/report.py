@@ -6,16 +6,15 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from ..reports.plots import PlotsUnavailable
 from ..reports.records import RecordsError, read_jsonl
 from ..reports.decode import RUN_CHOICES
 from ..reports.render import known_records, plot_report, render_comparison, render_report
 from ..reports.tables import TABLE_FORMATS, data_tables, write_tables
-from .errors import fail
+from .errors import fail, stderr_console
 
-_stderr = Console(stderr=True)
+_stderr = stderr_console
 
 # A group callback rather than a command, so `locks report FILES...` needs no subcommand name;
 # interspersed args let options follow the files.

@@ -164,8 +164,8 @@ def test_an_engine_killed_mid_cell_is_recorded_with_its_signal_and_the_rerun_ret
     `error` record naming the signal, the ladder goes on to the next engine, and the same command retries
     only that cell."""
     store = tmp_path / "bench.jsonl"
-    # 3 windows of 300 steps: seconds of timed decode on the tiny model, long enough to be caught in a window
-    args = ["bench", "decode", SMOKE, "--contexts", "128,256", "--batch", "1", "--windows", "3", "--steps", "300",
+    # 3 windows of 150 steps: seconds of timed decode on the tiny model, long enough to be caught in a window
+    args = ["bench", "decode", SMOKE, "--contexts", "128,256", "--batch", "1", "--windows", "3", "--steps", "150",
             "--max-model-len", "2048", "--out", str(store)]
     stop_left_runs(store)
     launcher = subprocess.run(CLI + args + ["--detach"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
@@ -193,8 +193,11 @@ def test_ctrl_c_during_a_ladder_keeps_finished_cells_and_says_how_to_resume(tmp_
     the same command then measures only the interrupted rung."""
     store = tmp_path / "bench.jsonl"
     args = ["bench", "decode", SMOKE, "--contexts", "128,256", "--batch", "1", "--out", str(store)]
+    # As a terminal starts it: SIGINT at its default. (A background job of a non-interactive shell, as CI
+    # scripts often are, inherits SIGINT ignored, and Python then never raises KeyboardInterrupt.)
     run = subprocess.Popen(CLI + args, cwd=tmp_path, start_new_session=True, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+                           stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         state = _wait(store, lambda s: s["cells_done"] >= 1 and (s.get("current") or {}).get("context") == 256
                       and (s.get("current") or {}).get("engine_pid"), poll_s=0.1)

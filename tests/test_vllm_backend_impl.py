@@ -20,7 +20,7 @@ from vllm.config import set_current_vllm_config  # noqa: E402
 from vllm.engine.arg_utils import EngineArgs  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec  # noqa: E402
 
-from locks_toolkit.kernels.config import SummaryFormat, scored_pages  # noqa: E402
+from locks_toolkit.kernels.config import SELECT_PATHS, SummaryFormat, scored_pages  # noqa: E402
 from locks_toolkit.kernels.reference.select import combine_group, select_pages  # noqa: E402
 from locks_toolkit.kernels.reference.selectors import make_scorer  # noqa: E402
 from locks_toolkit.kernels.vllm_backend import counters, debug  # noqa: E402
@@ -230,7 +230,7 @@ def test_selection_replay_reproduces_the_engines_pages(model_dir, device):
         records = [r for cap in debug.captures for r in replay_capture(cap, path_tunings())]
     finally:
         debug.clear()
-    assert len(records) == DECODE_STEPS * 4
+    assert len(records) == DECODE_STEPS * len(SELECT_PATHS)
     assert all(r["same_pages_as_engine"] for r in records), [(r["tuning"]["select_path"], r["seq_lens"]) for r in records]
     last = records[-1]
     lens = [n + DECODE_STEPS for n in PROMPT_LENS]

@@ -228,7 +228,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                         work(i, selected)
 
                 with_work = _time_graph(chain_with_work, replays, state.copies)["mean_us"]
-                # `mlp_us` (the work alone) keeps its session-10 name: records and the table read it
+                # `mlp_us` (the work alone) keeps its first name: records and the table read it
                 repeats = "" if select_repeats == 1 else f"; the selection launched {select_repeats} times per layer"
                 row.update(mlp_us=work_us, in_chain_us=with_work - work_us, between=between_layers, between_what=work_what + repeats,
                            select_repeats=select_repeats)
