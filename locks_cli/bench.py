@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Group
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -189,7 +189,8 @@ def _run(plan, as_json: bool) -> None:
         line = _progress_line(state, time.time()) if state and state.get("pid") == os.getpid() else "starting"
         return Group(Text(line), _finished_table(finished))
 
-    with Live(view(), console=_stderr, refresh_per_second=2, transient=False, auto_refresh=not detached) as live:
+    # The live view wraps its long status line (a soft-wrapped console would crop it at the width).
+    with Live(view(), console=Console(stderr=True), refresh_per_second=2, transient=False, auto_refresh=not detached) as live:
 
         def on_event(kind: str, payload: dict) -> None:
             if kind == "record":
