@@ -203,7 +203,6 @@ def _run(plan, as_json: bool) -> None:
                                    f"batches {payload['batches']}")
             live.update(view())  # the status file already holds this event (runner order)
 
-        interrupted = False
         try:
             run_plan(plan, command=command, on_event=on_event)
         except HarnessError as exc:
@@ -211,16 +210,12 @@ def _run(plan, as_json: bool) -> None:
         except ConfigError as exc:
             raise fail(str(exc)) from None
         except KeyboardInterrupt:
-            interrupted = True
+            raise fail(f"interrupted; {len(finished)} cell(s) of this run are stored in {plan.output}, the cell in "
+                       "progress is not", "rerun the same command to resume (finished cells are kept)", code=130) from None
         except OSError as exc:  # the store's disk filled up or went away mid-run
             raise fail(f"writing the run's files failed: {exc.strerror or exc} ({exc.filename or plan.output}); "
                        f"{len(finished)} cell(s) of this run are stored, the cell in progress is not",
                        "free space (or pass --out elsewhere), then rerun the same command: finished cells are kept") from None
-    if interrupted:
-        _stderr.print(f"[bold red]error:[/] interrupted; {len(finished)} cell(s) of this run are stored in {plan.output}, "
-                      "the cell in progress is not")
-        _stderr.print("[yellow]hint:[/] rerun the same command to resume (finished cells are kept)")
-        raise typer.Exit(130)
     if skipped:
         _stderr.print(f"resumed: {len(skipped)} cell(s) already stored in {plan.output} were skipped")
     wanted = {cell_key(r["cell"]) for r in finished} | {cell_key(c) for c in skipped}

@@ -9,12 +9,11 @@ from rich.markup import escape
 # soft_wrap: a message is one line that the terminal wraps; rich would otherwise break a long path
 # inside a word, and the path could no longer be copied.
 stderr_console = Console(stderr=True, soft_wrap=True)
-_stderr = stderr_console
 
 
 def fail(message: str, hint: str | None = None, code: int = 2) -> "typer.Exit":
     """Print `error: message` (+ `hint:`) to stderr and return the Exit to raise."""
-    _stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    stderr_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
     if hint:
-        _stderr.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False)
+        stderr_console.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False)
     return typer.Exit(code)

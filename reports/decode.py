@@ -182,7 +182,7 @@ def decode_frame(records: Sequence[Record], runs: str = "all") -> pd.DataFrame:
     frame["runs"] = frame.groupby(CELL_KEYS)["run"].transform("size")
     if runs == "latest":
         frame["superseded"] += frame["runs"] - 1
-        frame = frame[frame["run"] == frame["runs"]].copy()
+        frame = latest_runs(frame)
         frame["run"] = frame["runs"] = 1  # one run shown per cell; `superseded` carries the others
     frame = _with_dense_reference(frame)
     frame["speedup"] = np.where(frame["status"] == "ok", frame["dense_tpot"] / frame["tpot_mean"], np.nan)
