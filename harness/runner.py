@@ -243,6 +243,7 @@ def _run_groups(plan: DecodePlan, setup: _Setup, groups: list[CellGroup], done: 
             "schema": prov.SCHEMA_DECODE,
             "kind": "decode",
             "cell": cell,
+            "sparse": get_arm(cell["arm"]).sparse,
             "status": status,
             "reason": reason,
             "provenance": provenance,

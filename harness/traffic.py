@@ -16,6 +16,7 @@ import numpy as np
 from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
 from .presets import ModelGeometry
 from .ranks import per_gpu_weights
+from .record_schemas import FLOOR_KV_ONLY, FLOOR_RECORDED
 
 
 def summary_row_bytes(fmt: SummaryFormat, head_dim: int, page_size: int = PAGE_SIZE) -> int:
@@ -118,5 +119,9 @@ def cell_bytes(plan, geometry: ModelGeometry, context: int, budget: int | None, 
     }
     out["floor_ms"] = floor_ms(per_gpu_attention, plan.hbm_bytes_per_s)
     step_gpu = out["per_gpu"]["step_bytes"]
-    out["step_floor_ms"] = floor_ms(step_gpu, plan.hbm_bytes_per_s) if step_gpu is not None else None
+    if step_gpu is not None:
+        out["step_floor_ms"], out["step_floor_basis"] = floor_ms(step_gpu, plan.hbm_bytes_per_s), FLOOR_RECORDED
+    else:
+        out["step_floor_ms"], out["step_floor_basis"] = out["floor_ms"], FLOOR_KV_ONLY
+        out["step_floor_why"] = "the weight bytes of this model are not known (harness/weights.py)"
     return out

@@ -1,11 +1,13 @@
-"""TTFT and the summary build seen through it: which prefills a cell paid, the single-prefill TTFT, and
-the build estimate from the first prefill after a decode against the steady repeats."""
+"""TTFT and the summary build seen through it: which prefills a cell paid, the single-prefill TTFT, the
+repeats (`measure_ttft`), and the build estimate from the first prefill after a decode against them."""
 
 from __future__ import annotations
 
-from .plan import DecodePlan
+import statistics
+from collections.abc import Callable
 
-BUILD_SD_MULTIPLE = 3.0  # a first-after-decode TTFT must exceed the steady mean by this many sd to count as build
+from .plan import DecodePlan
+from .record_schemas import BUILD_SD_MULTIPLE
 
 
 def prefill_protocol(plan: DecodePlan, context: int, with_ttft: bool) -> dict:
@@ -58,3 +60,47 @@ def build_estimate(ttft: dict, sparse: bool) -> tuple[float | None, str]:
     return None, (f"not significant: first prefill after decode minus steady mean is {excess:.1f} ms, "
                   f"within {BUILD_SD_MULTIPLE:g} sd of the steady samples ({threshold:.1f} ms); a backend "
                   f"that builds summaries inside every prefill carries the cost in steady TTFT")
+
+
+def measure_ttft(session, context: int, repeats: int, on_phase: Callable[[int, int], None] = lambda index, of: None) -> dict:
+    """First prefill after decode (carries one-time work of a lazy backend) and `repeats` steady ones (batch 1);
+    `on_phase(index, repeats)` before each.
+
+    The backend counters (sparse arms) are read around every steady prefill: each delta is the summary
+    work one prefill does (summaries built, eager build calls, their CUDA-event time); `build_counters`
+    is the last one's.
+    """
+    on_phase(0, repeats)
+    first = session.prefill(1, context, "ttft-first")
+    session.abort(first.request_ids)
+    steady, each = [], []
+    for index in range(repeats):
+        on_phase(index + 1, repeats)
+        before = session.read_counters()
+        again = session.prefill(1, context, "ttft")
+        delta = counter_delta(before, session.read_counters())  # read before abort: aborting steps the engine
+        if delta is not None:
+            each.append(delta)
+        session.abort(again.request_ids)
+        steady.append(again.ttft_ms)
+    build_counters = each[-1] if each else None
+    return {
+        "method": "repeats",
+        "batch_size": 1,
+        "first_after_decode": first.ttft_ms,
+        "steady": steady,
+        "steady_mean": statistics.fmean(steady),
+        "steady_sd": statistics.stdev(steady) if len(steady) > 1 else 0.0,
+        "steady_median": statistics.median(steady),
+        "n": len(steady),
+        "first_minus_steady_ms": first.ttft_ms - statistics.fmean(steady),
+        "build_counters": build_counters,
+        "build_counters_each": each,
+    }
+
+
+def counter_delta(start: dict | None, end: dict | None) -> dict | None:
+    """The backend counters' change between two reads (None when either read found no counters)."""
+    if start is None or end is None:
+        return None
+    return {key: end[key] - start.get(key, 0) for key in end if isinstance(end[key], (int, float))}

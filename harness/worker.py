@@ -12,7 +12,6 @@ import ctypes
 import logging
 import os
 import signal
-import statistics
 import sys
 import time
 import traceback
@@ -23,7 +22,7 @@ from .arms import SparseKnobs, get_arm
 from .plan import DecodePlan
 from .presets import ModelGeometry
 from .traffic import cell_bytes, step_stats
-from .ttft import build_estimate, prefill_protocol, single_prefill_ttft
+from .ttft import build_estimate, counter_delta, measure_ttft, prefill_protocol, single_prefill_ttft
 from .weights import choose_weights
 
 log = logging.getLogger(__name__)
@@ -380,7 +379,7 @@ def _prefill(session, job: EngineJob, batch: int, emit):
     emit(phase_message("prefill", batch=batch))
     before = session.read_counters()
     pre = session.prefill(batch, job.context, "measure")
-    return pre, _delta(before, session.read_counters())
+    return pre, counter_delta(before, session.read_counters())
 
 
 def _add_ttft(result: dict, session, job: EngineJob, pre, batch: int, prefill_counters, with_ttft: bool, emit) -> None:
@@ -392,7 +391,8 @@ def _add_ttft(result: dict, session, job: EngineJob, pre, batch: int, prefill_co
                                   "backend counters are in ttft_ms.build_counters" if job.budget is not None
                                   else "dense arm: no summaries to build")
     elif with_ttft:
-        result["ttft_ms"] = measure_ttft(session, job, emit)
+        result["ttft_ms"] = measure_ttft(session, job.context, job.plan.ttft_repeats,
+                                         lambda index, of: emit(phase_message("ttft", index=index, of=of)))
         result["build_ms"], result["build_method"] = build_estimate(result["ttft_ms"], sparse=job.budget is not None)
 
 
@@ -444,12 +444,12 @@ def measure_live(session, job: EngineJob, batch: int, request_ids: list[str], sm
         "decoded_before_tokens": decoded_before + ramp_steps,
         "bytes_per_step": traffic,
         "floor_ms": traffic["floor_ms"],
-        "step_floor_ms": traffic["step_floor_ms"],
+        **{key: traffic[key] for key in ("step_floor_ms", "step_floor_basis", "step_floor_why") if key in traffic},
         "path_check": {
             "required": arm.counters is not None,
             "ok": guards.summarize(deployed) in (guards.PASS, guards.NOT_APPLICABLE),
             "status": guards.summarize(deployed),
-            "counters": _delta(counters_start, counters_end),
+            "counters": counter_delta(counters_start, counters_end),
         },
         "guards": {
             "lockstep": guards.summarize([guards.GuardResult(**w["guards"]["lockstep"]) for w in windows]),
@@ -461,46 +461,3 @@ def measure_live(session, job: EngineJob, batch: int, request_ids: list[str], sm
     }
     steps = ramp_steps + (len(settle.step_ms) if settle else 0) + plan.windows * (plan.lead_steps + plan.steps_per_window)
     return result, steps
-
-
-def measure_ttft(session, job: EngineJob, emit=None) -> dict:
-    """First prefill after decode (carries one-time work of a lazy backend) and steady repeats (batch 1).
-
-    The backend counters (sparse arms) are read around every steady prefill: each delta is the summary
-    work one prefill does (summaries built, eager build calls, their CUDA-event time); `build_counters`
-    is the last one's.
-    """
-    emit = emit or (lambda message: None)
-    emit(phase_message("ttft", index=0, of=job.plan.ttft_repeats))
-    first = session.prefill(1, job.context, "ttft-first")
-    session.abort(first.request_ids)
-    steady, each = [], []
-    for index in range(job.plan.ttft_repeats):
-        emit(phase_message("ttft", index=index + 1, of=job.plan.ttft_repeats))
-        before = session.read_counters()
-        again = session.prefill(1, job.context, "ttft")
-        delta = _delta(before, session.read_counters())  # read before abort: aborting steps the engine
-        if delta is not None:
-            each.append(delta)
-        session.abort(again.request_ids)
-        steady.append(again.ttft_ms)
-    build_counters = each[-1] if each else None
-    return {
-        "method": "repeats",
-        "batch_size": 1,
-        "first_after_decode": first.ttft_ms,
-        "steady": steady,
-        "steady_mean": statistics.fmean(steady),
-        "steady_sd": statistics.stdev(steady) if len(steady) > 1 else 0.0,
-        "steady_median": statistics.median(steady),
-        "n": len(steady),
-        "first_minus_steady_ms": first.ttft_ms - statistics.fmean(steady),
-        "build_counters": build_counters,
-        "build_counters_each": each,
-    }
-
-
-def _delta(start: dict | None, end: dict | None) -> dict | None:
-    if start is None or end is None:
-        return None
-    return {key: end[key] - start.get(key, 0) for key in end if isinstance(end[key], (int, float))}

@@ -13,39 +13,19 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from ..harness.record_migrations import upgrade
 from . import markdown as md
-from .floor import KV_ONLY, PRESET, step_floor
 from .records import Record, dig, status_of
-from .schemas import is_dense_arm
+from .schemas import FLOOR_KV_ONLY, FLOOR_PRESET
 
 SETUP_KEYS = ["model", "num_layers", "graph_mode", "dummy_weights", "dtype", "tensor_parallel_size", "async_scheduling",
               "batch_prefill"]
 CELL_KEYS = SETUP_KEYS + ["arm_label", "context_tokens", "batch_size"]
 
 
-def _guards_from_summary(record: Record, summary: Record) -> dict:
-    """Records without raw windows: the harness's one-word-per-guard summary (pass/fail/unavailable)."""
-    windows = int(summary.get("windows") or 0)
-    return {
-        "windows_n": windows,
-        "windows_clean": int(summary.get("clean_windows") or 0),
-        "windows_throttled": int(summary.get("throttle") == "fail"),
-        "lockstep_failures": int(summary.get("lockstep") == "fail"),
-        "throttle_unavailable": summary.get("throttle") == "unavailable",
-        "throttle_reasons": "",
-        "sm_clock_min_mhz": np.nan,
-        "sm_clock_max_mhz": np.nan,
-        "discards": "",
-        "path_failed": summary.get("deployed") == "fail" or dig(record, "path_check", "ok") is False,
-        "path_counters": "",
-    }
-
-
 def _guards(record: Record) -> dict:
     """Guard outcomes recomputed from the record's raw windows, plus the sparse-path check."""
     windows = record.get("windows") or []
-    if not windows and isinstance(record.get("guards"), dict):
-        return _guards_from_summary(record, record["guards"])
     throttles = [w.get("throttle") or {} for w in windows]
     clocks_min = [t["sm_clock_min_mhz"] for t in throttles if t.get("sm_clock_min_mhz") is not None]
     clocks_max = [t["sm_clock_max_mhz"] for t in throttles if t.get("sm_clock_max_mhz") is not None]
@@ -80,42 +60,17 @@ def arm_label(arm: str, cell: Record) -> str:
     return " ".join(parts)
 
 
-def _harness_build_ms(record: Record) -> float:
-    """The harness's own build estimate; from records older than `build_method` only when it is positive
-    and above BUILD_SD_MULTIPLE sd of the steady TTFT repeats (else it is noise, even negative)."""
-    from ..harness.ttft import BUILD_SD_MULTIPLE
-
-    build = record.get("build_ms")
-    if build is None:
-        return np.nan
-    if "build_method" in record:
-        return float(build)
-    sd = dig(record, "ttft_ms", "steady_sd")
-    significant = build > 0 and (sd is None or build > BUILD_SD_MULTIPLE * sd)
-    return float(build) if significant else np.nan
-
-
-def _tpot_cv(record: Record) -> float:
-    """sd/mean of the timed steps: the harness's `cv`, else derived from mean and sd (older records)."""
-    cv = dig(record, "tpot_ms", "cv")
-    if cv is not None:
-        return float(cv)
-    mean, sd = dig(record, "tpot_ms", "mean"), dig(record, "tpot_ms", "sd")
-    return float(sd) / float(mean) if mean and sd is not None else np.nan
-
-
 def _row(record: Record) -> dict:
     cell = record.get("cell") or {}
     status, reason = status_of(record)
     budget = cell.get("budget_tokens")
-    arm = str(cell.get("arm") or cell.get("backend") or "?")
-    dense = is_dense_arm(arm, budget)
+    arm = str(cell.get("arm") or "?")
+    dense = not record.get("sparse")
     tpot_mean = dig(record, "tpot_ms", "mean", default=np.nan)
-    floor = step_floor(record)
+    floor_ms = record.get("step_floor_ms")
+    floor_basis = str(record.get("step_floor_basis") or "")
     counters = dig(record, "ttft_ms", "build_counters") or {}
     each = [e["build_ms"] for e in (dig(record, "ttft_ms", "build_counters_each") or []) if e.get("build_ms") is not None]
-    if not each and counters.get("build_ms") is not None:  # records before per-prefill counters: the last one
-        each = [counters["build_ms"]]
     return {
         "model": str(cell.get("model") or "?"),
         "num_layers": cell.get("num_layers") if cell.get("num_layers") is not None else -1,
@@ -126,9 +81,10 @@ def _row(record: Record) -> dict:
         "budget_tokens": budget,
         "dense": dense,
         "dtype": str(cell.get("dtype") or ""),
-        "tensor_parallel_size": int(cell.get("tensor_parallel_size") or 1),  # absent before TP existed: 1
-        "async_scheduling": bool(cell.get("async_scheduling")),  # absent before the knob: the harness ran it off
-        "batch_prefill": str(cell.get("batch_prefill") or "per_batch"),  # absent: every batch its own prefill
+        # The cell carries these only when they differ from the default (harness/runner.cell_identity).
+        "tensor_parallel_size": int(cell.get("tensor_parallel_size") or 1),
+        "async_scheduling": bool(cell.get("async_scheduling")),
+        "batch_prefill": str(cell.get("batch_prefill") or "per_batch"),
         "arm_label": arm if dense else arm_label(arm, cell),
         "context_tokens": int(cell.get("context_tokens") or 0),
         "batch_size": int(cell.get("batch_size") or 1),
@@ -138,11 +94,11 @@ def _row(record: Record) -> dict:
         "tpot_mean": tpot_mean,
         "tpot_sd": dig(record, "tpot_ms", "sd", default=np.nan),
         "tpot_n": dig(record, "tpot_ms", "n", default=np.nan),
-        "tpot_cv": _tpot_cv(record),
+        "tpot_cv": dig(record, "tpot_ms", "cv", default=np.nan),
         "ttft_mean": dig(record, "ttft_ms", "steady_mean", default=np.nan),
         "ttft_sd": dig(record, "ttft_ms", "steady_sd", default=np.nan),
         "ttft_first": dig(record, "ttft_ms", "first_of_engine", default=np.nan),  # single-prefill contexts
-        "build_ms": _harness_build_ms(record),
+        "build_ms": record.get("build_ms") if record.get("build_ms") is not None else np.nan,
         "build_counter_ms": counters.get("build_ms", np.nan),
         "build_counter_calls": counters.get("eager_build_calls", np.nan),
         "build_counter_summaries": counters.get("summaries_built", np.nan),
@@ -152,10 +108,10 @@ def _row(record: Record) -> dict:
         "ttft_method": str(dig(record, "ttft_ms", "method", default="") or ""),
         "bytes_dense": dig(record, "bytes_per_step", "dense", default=np.nan),
         "bytes_locks": dig(record, "bytes_per_step", "locks", default=np.nan),
-        "floor_fraction": floor.floor_ms / tpot_mean if tpot_mean > 0 else np.nan,
-        "floor_basis": floor.basis,
-        "floor_why": floor.why_kv_only,
-        "weights_bytes": floor.weights_bytes,
+        "floor_fraction": floor_ms / tpot_mean if floor_ms is not None and tpot_mean > 0 else np.nan,
+        "floor_basis": floor_basis,
+        "floor_why": str(record.get("step_floor_why") or ""),
+        "weights_bytes": np.nan if floor_basis == FLOOR_KV_ONLY else dig(record, "bytes_per_step", "weights", default=np.nan),
         "throughput_tok_s": record.get("throughput_tok_s") if record.get("throughput_tok_s") is not None else np.nan,
         **_guards(record),
     }
@@ -173,7 +129,7 @@ def decode_frame(records: Sequence[Record], runs: str = "all") -> pd.DataFrame:
         raise ValueError(f"runs {runs!r} unknown; use one of {', '.join(RUN_CHOICES)}")
     if not records:
         return pd.DataFrame(columns=CELL_KEYS)
-    frame = pd.DataFrame([_row(r) for r in records])
+    frame = pd.DataFrame([_row(upgrade(r)) for r in records])
     frame = frame.sort_values(CELL_KEYS + ["date"], kind="stable").reset_index(drop=True)
     retried = (frame.groupby(CELL_KEYS).cumcount(ascending=False) > 0) & (frame["status"] != "ok")
     frame["superseded"] = retried.groupby([frame[k] for k in CELL_KEYS]).transform("sum").astype(int)
@@ -343,11 +299,11 @@ def _floor_cell(row: pd.Series, notes: md.Notes) -> str:
     if text == md.DASH:
         return text
     where = f"{row['model']} ({'all' if row['num_layers'] == -1 else row['num_layers']} layers)"
-    if row["floor_basis"] == KV_ONLY:
+    if row["floor_basis"] == FLOOR_KV_ONLY:
         return text + " KV only" + notes.mark(
             f"{where}: {row['floor_why']}, so Floor counts the attention bytes alone (KV only) and omits the "
             "weights every step reads")
-    if row["floor_basis"] == PRESET:
+    if row["floor_basis"] == FLOOR_PRESET:
         return text + notes.mark(
             f"{where}: the records predate bytes_per_step.weights; Floor counts {md.fmt_bytes(row['weights_bytes'])} "
             "of weights per step computed from the model preset's geometry (harness/weights.py)")

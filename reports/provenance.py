@@ -47,6 +47,8 @@ def provenance_header(record_set: RecordSet, notes: md.Notes, sources: list[str]
     for schema in KNOWN_SCHEMAS:
         if record_set.get(schema):
             lines.append(f"- `{schema}`: {_plural(len(record_set.get(schema)), 'record')} ({_status_counts(record_set.get(schema))})")
+            for old, count in sorted(record_set.upgraded.get(schema, {}).items()):
+                lines[-1] += f"; {count} written as `{old}` and read through harness/record_migrations.py"
     for schema, count in record_set.unknown.items():
         lines.append(f"- `{schema}`: {_plural(count, 'record')} not shown{notes.mark(f'schema {schema} is unknown to this report; known: ' + ', '.join(KNOWN_SCHEMAS))}")
     lines.append(f"- Commits: {_counted([_commit(r) for r in records])}")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..harness.record_migrations import upgrade
 from ..harness.store import read_records
 from .schemas import KNOWN_SCHEMAS
 
@@ -41,6 +42,7 @@ class RecordSet:
 
     by_schema: dict[str, list[Record]]
     unknown: dict[str, int] = field(default_factory=dict)
+    upgraded: dict[str, dict[str, int]] = field(default_factory=dict)  # current schema -> {written as: count}
 
     def get(self, schema: str) -> list[Record]:
         return self.by_schema.get(schema, [])
@@ -51,16 +53,23 @@ class RecordSet:
 
 
 def split_by_schema(records: Iterable[Record]) -> RecordSet:
-    """Group records by `schema`; counts of unknown schemas are kept so the report can name them."""
+    """Group records by `schema`, each at its current version (older versions are upgraded); counts of
+    unknown schemas are kept so the report can name them."""
     by_schema: dict[str, list[Record]] = {schema: [] for schema in KNOWN_SCHEMAS}
     unknown: dict[str, int] = {}
-    for record in records:
+    upgraded: dict[str, dict[str, int]] = {}
+    for written in records:
+        record = upgrade(written)
         schema = str(record.get("schema", "<missing>"))
         if schema in by_schema:
             by_schema[schema].append(record)
+            if record.get("schema") != written.get("schema"):
+                old = upgraded.setdefault(schema, {})
+                old[str(written.get("schema"))] = old.get(str(written.get("schema")), 0) + 1
         else:
             unknown[schema] = unknown.get(schema, 0) + 1
-    return RecordSet(by_schema={k: v for k, v in by_schema.items() if v}, unknown=dict(sorted(unknown.items())))
+    return RecordSet(by_schema={k: v for k, v in by_schema.items() if v}, unknown=dict(sorted(unknown.items())),
+                     upgraded=upgraded)
 
 
 def dig(record: Record, *path: str, default: Any = None) -> Any:

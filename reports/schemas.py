@@ -2,7 +2,7 @@
 
 Every record is one JSON object per line with the envelope of docs/architecture.md:
 
-    schema      "locks.bench.decode/1" | "locks.bench.kernel/1" | "locks.eval/1" | "locks.microscope/1"
+    schema      "locks.bench.decode/2" | "locks.bench.kernel/1" | "locks.eval/1" | "locks.microscope/1"
     kind        short name of the schema ("decode", "kernel", "eval", "microscope")
     cell        the knobs that identify the measurement (below, per schema)
     status      "ok" | "refused" | "oom" | "error";  reason: str (why, when not ok)
@@ -12,12 +12,14 @@ Every record is one JSON object per line with the envelope of docs/architecture.
 
 Measurements (absent or null fields render as an em dash; a record that is not `ok` may omit them):
 
-locks.bench.decode/1  (one per (arm, model, context, batch) session)
+locks.bench.decode/2  (one per (arm, model, context, batch) session; version 1 is read through
+                       harness/record_migrations.py)
     cell          {arm, backend, model, num_layers, context_tokens, batch_size, budget_tokens
                    (null for dense arms), graph_mode, async_scheduling (absent: off), batch_prefill (absent:
                    per_batch; "once": the batches of an engine share one prefill), dummy_weights, workload}
     decoded_before_tokens  tokens each request decoded before this cell's settle steps (ramp, earlier cells)
-    tpot_ms       {mean, sd, p50, p99, n, cv}    over clean windows (cv = sd/mean; derived when absent)
+    sparse        whether the arm reads a subset of the pages (the speedup's dense side are the others)
+    tpot_ms       {mean, sd, p50, p99, n, cv}    over clean windows (cv = sd/mean)
     windows       [{step_ms[], lockstep_ok, clean, discard_reason,
                     throttle{available, ok, reasons_seen[], sm_clock_min_mhz, sm_clock_max_mhz}}]
     ttft_ms       {steady_mean, steady_sd, n, first_after_decode, steady[], build_counters{} (sparse arms:
@@ -29,7 +31,8 @@ locks.bench.decode/1  (one per (arm, model, context, batch) session)
                    attention (KV or Locks) and weights (all but an untied input embedding table)
     floor_ms      bandwidth floor of this arm's attention bytes alone
     step_floor_ms (weights + attention bytes) / bandwidth; the ladder's Floor = step_floor_ms / tpot mean
-                  (records without it: weights from the model preset, else the attention-only floor, labelled)
+    step_floor_basis  "recorded" | "preset" (weights from the model preset) | "kv_only" (attention bytes
+                  alone; step_floor_why says what was missing)
     throughput_tok_s
     path_check    {required, ok, counters{}}     the sparse path really ran
 
@@ -52,25 +55,13 @@ locks.microscope/1  (one per (selector, format, budget, layer, record))
 
 from __future__ import annotations
 
-DECODE = "locks.bench.decode/1"
-KERNEL = "locks.bench.kernel/1"
-EVAL = "locks.eval/1"
-MICROSCOPE = "locks.microscope/1"
-KNOWN_SCHEMAS: tuple[str, ...] = (DECODE, KERNEL, EVAL, MICROSCOPE)
-
-# Arms that read the whole KV cache; "speedup" is always against the faster of these.
-DENSE_ARMS: frozenset[str] = frozenset(
-    {"fa3", "fa2", "flash_attn", "flash-attn", "flashattention", "flashinfer", "dense", "fullkv", "full", "cpu"}
+from ..harness.record_schemas import (  # noqa: F401  (the report's names for them)
+    CURRENT_SCHEMAS as KNOWN_SCHEMAS,
+    DECODE,
+    EVAL,
+    FLOOR_KV_ONLY,
+    FLOOR_PRESET,
+    FLOOR_RECORDED,
+    KERNEL,
+    MICROSCOPE,
 )
-
-
-def is_dense_arm(arm: str, budget_tokens: int | None) -> bool:
-    """The harness's arm registry decides; unregistered names: a known dense name, or no budget and not Locks."""
-    from ..harness.arms import ARMS
-
-    if arm in ARMS:
-        return not ARMS[arm].sparse
-    name = (arm or "").lower()
-    if name in DENSE_ARMS or name.startswith("dense"):
-        return True
-    return budget_tokens is None and "locks" not in name

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import yaml
 
 from ..harness import provenance as prov
+from ..harness.record_schemas import EVAL
 from ..harness.store import append_record, cell_key, finished_keys, read_records
 from ..kernels.config import ConfigError, SelectionConfig
 from . import catalog
@@ -34,7 +35,7 @@ from .task_spec import SUITES, TaskSpec, list_tasks, load_task
 
 logger = logging.getLogger(__name__)
 
-SCHEMA = "locks.eval/1"
+SCHEMA = EVAL
 DEFAULT_BUDGETS = (64, 128, 256, 512, 1024, 2048)
 ENGINES = ("transformers", "vllm")
 _LENGTH_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[kK]?)$")

@@ -11,10 +11,11 @@ from dataclasses import asdict
 
 import torch
 
+from ..harness.record_schemas import MICROSCOPE
 from .fidelity import MicroscopeRun
 from .microscope import CellResult, summarize
 
-SCHEMA = "locks.microscope/1"
+SCHEMA = MICROSCOPE
 SUMMARY_SCHEMA = "locks.microscope.summary/1"
 
 

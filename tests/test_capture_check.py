@@ -119,7 +119,7 @@ def test_rank_check_fails_a_selection_without_sink_or_recent_page_or_with_a_bad_
     assert not dropped["pass"] and "dense fallback" in dropped["faults"][0]
 
 
-def test_oracle_check_moved_out_of_gpu_check_still_catches_a_wrong_selection():
+def test_the_oracle_check_catches_a_wrong_selection():
     generator = torch.Generator().manual_seed(3)
     caps = [make_capture(generator, 4, oracle=True) for _ in range(2)]
     good = cc.check_oracle_captures(BUDGET, caps)

@@ -1,6 +1,6 @@
 """The CUDA score kernel on a CPU machine: NVRTC compiles it for sm_90 as production launches it, within its
 register budget and with the loop the design counts on, and `fits` says why a call goes to Triton instead.
-Its numerics run on the GPU only: `python -m locks_toolkit.kernels.triton.checks --cuda` compares its page
+Its numerics run on the GPU only: `python -m locks_toolkit.harness.lab.kernel_checks --cuda` compares its page
 scores and selections with the fp64 reference (12 of 12 on the H200, docs/results/archive/gpu-checks-h200-ce17d02.log)."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from locks_toolkit.kernels.config import SummaryFormat
+from locks_toolkit.harness.lab import compile_report
 from locks_toolkit.kernels.cuda import score as cuda_score
 from locks_toolkit.kernels.reference.packing import SummaryLayout
 from locks_toolkit.kernels.reference.testing import fresh_seed
@@ -24,7 +25,7 @@ def test_compiles_for_sm90_with_the_designed_tile_loop(rows_per_lane):
     (8 where G <= 8: the spare rows carry the lo term); 40 global loads; at most 128 registers (16 warps per
     SM). With one head per lane, one 4-byte value is reloaded from L1 per tile (the register cap; freeing it
     as constant zeros cost ~50 register moves per tile instead)."""
-    report = cuda_score.resource_report(rows_per_lane)
+    report = compile_report.cuda_score_report(rows_per_lane)
     print({k: v for k, v in report.items() if k != "loop_opcodes"})
     assert report["registers"] <= 65536 // (32 * cuda_score.MIN_WARPS_PER_SM)
     assert report["loop_mma"] == {1: 48, 2: 56}[rows_per_lane]
@@ -36,7 +37,7 @@ def test_compiles_for_sm90_with_the_designed_tile_loop(rows_per_lane):
 def test_compiles_with_64_bit_row_offsets():
     """Summary buffers of 4 GiB and more take 64-bit offsets: the same loop within the same budget, one more
     value reloaded per tile (the wider offsets)."""
-    report = cuda_score.resource_report(2, rows_under_4gib=False)
+    report = compile_report.cuda_score_report(2, rows_under_4gib=False)
     assert report["registers"] <= 128 and report["loop_mma"] == 56 and report["loop_spill_accesses"] <= 1
 
 

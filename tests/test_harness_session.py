@@ -37,7 +37,8 @@ def test_cli_runs_the_cpu_engine_then_resumes(tmp_path, monkeypatch):
     plan = load_plan(SMOKE)
     for record in records:
         batch = record["cell"]["batch_size"]
-        assert record["schema"] == "locks.bench.decode/1" and record["cell"]["workload"] == f"{batch}q1s256"
+        assert record["schema"] == "locks.bench.decode/2" and record["cell"]["workload"] == f"{batch}q1s256"
+        assert record["sparse"] is False  # the cpu arm reads every page
         assert len(record["windows"]) == plan.windows
         for window in record["windows"]:
             assert len(window["step_ms"]) == plan.steps_per_window

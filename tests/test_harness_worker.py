@@ -204,6 +204,17 @@ def test_step_floor_adds_the_weights_the_step_reads(scripted):
     assert traffic["step_bytes"] == traffic["weights"] + traffic["locks"]
     assert cell["step_floor_ms"] == pytest.approx(traffic["step_bytes"] / traffic["bandwidth_bytes_per_s"] * 1e3)
     assert cell["floor_ms"] == pytest.approx(traffic["locks"] / traffic["bandwidth_bytes_per_s"] * 1e3)  # attention only
+    assert cell["step_floor_basis"] == "recorded" and "step_floor_why" not in cell
+
+
+def test_a_model_of_unknown_weight_bytes_records_the_attention_floor_and_why(scripted, monkeypatch):
+    from locks_toolkit.harness import worker
+
+    monkeypatch.setattr(worker, "choose_weights", lambda engine_count, config_count: None)
+    (engine, cell, done) = _run(_job("fake-locks", [1], budget=2048, context=32768))
+    assert cell["bytes_per_step"]["weights"] is None
+    assert cell["step_floor_basis"] == "kv_only" and cell["step_floor_ms"] == cell["floor_ms"]
+    assert "weight bytes" in cell["step_floor_why"]
 
 
 def test_dense_fallback_in_a_timed_window_refuses_the_cell(scripted, monkeypatch):

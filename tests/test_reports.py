@@ -380,15 +380,6 @@ def test_noise_is_the_median_and_max_sd_over_mean_per_arm():
     assert render_noise(decode_frame([failed])) == "" and render_noise(decode_frame([])) == ""
 
 
-def test_guard_summary_is_used_when_raw_windows_are_absent():
-    record = json.loads(json.dumps(records("decode")[0]))
-    del record["windows"]
-    record["guards"] = {"clean_windows": 2, "windows": 3, "lockstep": "pass", "throttle": "fail", "deployed": "not_applicable"}
-    notes = md.Notes()
-    assert "throttled (2/3)[^" in render_ladder(decode_frame([record]), notes)
-    assert "1 throttled" in notes.render()
-
-
 @pytest.mark.parametrize("schema", [DECODE, KERNEL, EVAL, MICROSCOPE])
 def test_bare_records_render_with_dashes_not_crashes(schema):
     text = render_report([{"schema": schema, "status": "ok"}, {"schema": schema}])

@@ -17,12 +17,12 @@ pytestmark = pytest.mark.slow
 
 
 def test_kernels_compile_for_sm90_without_spills():
-    """Compiled as the JIT specialises production launches (aot.PRODUCTION_HINTS). No kernel may touch
+    """Compiled as the JIT specialises production launches (compile_report.PRODUCTION_HINTS). No kernel may touch
     local memory inside its main loop. The scorer's production path contracts the coefficients on the
     tensor cores (one warp, 4-page tiles: 29.3 us against 37.8 with the FMA contraction at 128K bs1 on
     the H200, 2026-11-30), so its loop holds more mma instructions than the FMA variant's."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    code = "import json; from locks_toolkit.kernels.triton.aot import compile_all; print(json.dumps(compile_all()))"
+    code = "import json; from locks_toolkit.harness.lab.compile_report import compile_all; print(json.dumps(compile_all()))"
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     usage = json.loads(done.stdout.strip().splitlines()[-1])
@@ -46,7 +46,7 @@ def test_kernels_compile_for_sm90_without_spills():
 
 
 def test_loop_opcodes_count_the_largest_loop_only():
-    from locks_toolkit.kernels.triton.aot import loop_opcodes, loop_profile
+    from locks_toolkit.harness.lab.compile_report import loop_opcodes, loop_profile
 
     sass = "\n".join([
         "        /*0000*/                   MOV R1, c[0x0][0x28] ;",

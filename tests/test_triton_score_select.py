@@ -280,7 +280,7 @@ def test_checks_cli_names_the_paths_when_one_is_unknown():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "locks_toolkit.kernels.triton.checks", "--select", "four,fast"],
+    out = subprocess.run([sys.executable, "-m", "locks_toolkit.harness.lab.kernel_checks", "--select", "four,fast"],
                          capture_output=True, text=True, env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
     assert out.returncode != 0
     assert "unknown path(s) ['fast']" in out.stderr and "four" in out.stderr

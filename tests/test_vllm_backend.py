@@ -289,7 +289,7 @@ def test_layers_locks_cannot_serve_are_named_with_a_reason():
 
 
 def test_exact_check_accepts_a_bf16_near_tie_and_rejects_a_real_divergence():
-    from locks_toolkit.kernels.vllm_backend.gpu_check import LOGPROB_TOL, compare_exact
+    from locks_toolkit.harness.lab.backend_check import LOGPROB_TOL, compare_exact
 
     def run(tokens, table):
         return {"tokens": tokens, "logprobs": [{t: SimpleNamespace(logprob=lp) for t, lp in row.items()} for row in table]}
@@ -302,12 +302,12 @@ def test_exact_check_accepts_a_bf16_near_tie_and_rejects_a_real_divergence():
     assert not compare_exact(fa, run([5, 7, 9], [{5: -0.5 - 2 * LOGPROB_TOL}, {7: -0.7}, {9: -0.1}]))["pass"]
 
 
-def test_gpu_check_engines_never_overlap_and_each_is_shut_down(monkeypatch):
-    """gpu_check's three in-process engines run one at a time: each is shut down (and its memory
+def test_backend_check_engines_never_overlap_and_each_is_shut_down(monkeypatch):
+    """backend_check's three in-process engines run one at a time: each is shut down (and its memory
     handed back) before the next is made, also when its use raises."""
     from types import SimpleNamespace
 
-    from locks_toolkit.kernels.vllm_backend import gpu_check
+    from locks_toolkit.harness.lab import backend_check
 
     events = []
 
@@ -321,16 +321,16 @@ def test_gpu_check_engines_never_overlap_and_each_is_shut_down(monkeypatch):
         events.append(("use", llm.name))
         return {"tokens": [1, 2], "logprobs": []}
 
-    monkeypatch.setattr(gpu_check, "make_engine", make_engine)
-    monkeypatch.setattr(gpu_check, "greedy", greedy)
-    monkeypatch.setattr(gpu_check, "compare_exact", lambda a, b: {"pass": True})
-    monkeypatch.setattr(gpu_check, "check_oracle_captures", lambda k: {"pass": True, "k": k})
-    result = gpu_check.run_checks("/nowhere", context=1024)
-    assert result["oracle_b2048"] == {"pass": True, "k": gpu_check.ORACLE_BUDGET // 16}
+    monkeypatch.setattr(backend_check, "make_engine", make_engine)
+    monkeypatch.setattr(backend_check, "greedy", greedy)
+    monkeypatch.setattr(backend_check, "compare_exact", lambda a, b: {"pass": True})
+    monkeypatch.setattr(backend_check, "check_oracle_captures", lambda k: {"pass": True, "k": k})
+    result = backend_check.run_checks("/nowhere", context=1024)
+    assert result["oracle_b2048"] == {"pass": True, "k": backend_check.ORACLE_BUDGET // 16}
     names = ["FLASH_ATTN:dense", "CUSTOM:locks", "CUSTOM:oracle"]
     assert events == [step for name in names for step in (("make", name), ("use", name), ("shutdown", name))]
 
     events.clear()
     with pytest.raises(RuntimeError, match="boom"):
-        gpu_check.with_engine("/nowhere", "CUSTOM", 0.1, 2048, lambda llm: (_ for _ in ()).throw(RuntimeError("boom")))
+        backend_check.with_engine("/nowhere", "CUSTOM", 0.1, 2048, lambda llm: (_ for _ in ()).throw(RuntimeError("boom")))
     assert events == [("make", "CUSTOM:dense"), ("shutdown", "CUSTOM:dense")]

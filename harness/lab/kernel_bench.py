@@ -27,11 +27,12 @@ from ...kernels.reference.packing import SummaryLayout
 from ...kernels.reference.testing import fresh_seed
 from ...kernels.triton import ops
 from ...kernels.triton.checks import gpu_smoke_checks
+from ..record_schemas import KERNEL
 from ..workload import format_size
 
 log = logging.getLogger(__name__)
 
-SCHEMA = "locks.bench.kernel/1"
+SCHEMA = KERNEL
 HBM_BYTES_PER_S = 4.23e12  # H200 measured copy bandwidth (read + write)
 L2_BYTES = 60 * 2**20  # H200 L2 as PyTorch reports it
 ALIASES = {"glm4-9b-1m": "glm-4-9b-chat-1m", "glm-4-9b-1m": "glm-4-9b-chat-1m", "llama3.1-8b": "llama-3.1-8b"}

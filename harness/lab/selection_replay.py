@@ -116,7 +116,7 @@ def capture_engine_steps(context: int, layers: int, capture_layer: int, steps: i
     """The bench's model in an in-process eager engine; replays every capture of `capture_layer` before
     the engine (whose cache the captures reference) goes away."""
     from ...kernels.vllm_backend import debug
-    from ...kernels.vllm_backend.gpu_check import GLM4_9B_GEOMETRY, greedy, prompt_ids, with_engine
+    from .backend_check import GLM4_9B_GEOMETRY, greedy, prompt_ids, with_engine
     from ...kernels.vllm_backend.plugin import register
 
     register()
@@ -131,7 +131,7 @@ def capture_engine_steps(context: int, layers: int, capture_layer: int, steps: i
             finally:
                 debug.clear()
 
-        # randomize=False: vLLM's dummy weights as they are, as the bench loads them (gpu_check redraws them)
+        # randomize=False: vLLM's dummy weights as they are, as the bench loads them (backend_check redraws them)
         return with_engine(model_dir, "CUSTOM", utilization, context + 512, use, eager=True, num_layers=layers,
                            randomize=False,
                            locks={"budget": budget, "scorer": "locks", "debug_capture_layers": [capture_layer]})

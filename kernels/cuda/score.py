@@ -7,8 +7,8 @@ rows, an sm_90 device. Everything else runs the Triton kernels. Reference: `refe
 
 Why CUDA here: the Triton kernels spend most of their instructions moving int4 words and V^T q between
 register layouts (ncu: issue-bound at ~800 SASS per 2-page tile). This kernel builds every operand
-in the layout of the mma that reads it (~840 SASS per 4-page tile, `python -m locks_toolkit.kernels.cuda.score
---sass`).
+in the layout of the mma that reads it (~840 SASS per 4-page tile, `python -m locks_toolkit.harness.lab.compile_report
+--cuda`).
 """
 
 from __future__ import annotations
@@ -179,50 +179,3 @@ def launch(q, summary_rows, block_table, seq_lens, ws, rc: RowConstants, scale: 
     stream = driver.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
     _driver_ok(driver.cuLaunchKernel(kernel.function, num_seqs * num_kv_heads, chunks, 1, 32 * WARPS, 1, 1, 0,
                                      stream, ctypes.addressof(pointers), 0), "cuLaunchKernel")
-
-
-def _cuobjdump(cubin: bytes, flag: str) -> str:
-    """Triton's bundled cuobjdump on a cubin (no device needed)."""
-    import os
-    import subprocess
-    import tempfile
-
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        return subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
-
-
-def resource_report(rows_per_lane: int, rows_under_4gib: bool = True, rc: RowConstants | None = None) -> dict:
-    """Compile for sm_90 here (NVRTC) and report {"registers", "stack_bytes", "loop_instructions",
-    "loop_spill_accesses", "loop_global_loads", "loop_mma", "loop_opcodes"} of the tile loop (per thread)."""
-    import re
-
-    from ..config import SummaryFormat
-    from ..reference.packing import SummaryLayout
-    from ..triton.aot import loop_opcodes, loop_profile  # the same loop detection as the Triton kernels'
-
-    rc = rc or RowConstants.of(SummaryLayout(SummaryFormat.parse("r8i4"), 128))
-    cubin = compile_cubin(compile_options(rc, rows_under_4gib, rows_per_lane))
-    usage = re.search(r"REG:(\d+) STACK:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
-    sass = _cuobjdump(cubin, "-sass")
-    instructions, spills, loads, mma = loop_profile(sass)
-    return {"registers": int(usage[1]), "stack_bytes": int(usage[2]), "loop_instructions": instructions,
-            "loop_spill_accesses": spills, "loop_global_loads": loads, "loop_mma": mma, "loop_opcodes": loop_opcodes(sass)}
-
-
-if __name__ == "__main__":
-    import argparse
-    import json
-
-    parser = argparse.ArgumentParser(description="Compile the CUDA score kernel for sm_90 (NVRTC) and report its tile loop.")
-    parser.add_argument("--sass", action="store_true", help="also the loop's opcode counts")
-    args = parser.parse_args()
-    for rows in (1, 2):
-        report = resource_report(rows)
-        if not args.sass:
-            report.pop("loop_opcodes")
-        print(json.dumps({"lane_rows": rows, **report}))

@@ -31,7 +31,7 @@ latency: a lone warp issues <= 1 instruction per cycle, so ~82 rounds x 713-1000
 P > 1 pages per program ([P, 16, 16] tiles, one uniform convergence test per tile) is supported
 and tested but not the default: nothing in a round is shared between pages, so SASS per page
 stays the same, while P = 2 needs 168-218 registers and spills for some formats; the bench
-(`python -m locks_toolkit.kernels.triton.bench_build --pages-per-program 2`) can try it.
+(`python -m locks_toolkit.harness.lab.build_bench --pages-per-program 2`) can try it.
 """
 
 from __future__ import annotations

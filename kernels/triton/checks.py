@@ -357,7 +357,7 @@ DECODE_TUNINGS = (
 
 def decode_battery(device: str, seed: int, tunings=DECODE_TUNINGS) -> list[CheckResult]:
     """Every DECODE_CASES case on bf16 (the engine's cache dtype) under each tuning: the GPU check before timing
-    a decode launch shape (`python -m ...triton.checks --decode`). fp32 caches at d = 256 need more shared
+    a decode launch shape (`python -m ...lab.kernel_checks --decode`). fp32 caches at d = 256 need more shared
     memory than the H200 has under the wider shapes; the interpreter tests cover fp32."""
     return [check_decode(device, c, seed + i, torch.bfloat16, tuning=t) for t in tunings for i, c in enumerate(DECODE_CASES)]
 
@@ -387,7 +387,7 @@ TRANSPOSED_VARIANTS = (ScoreTuning(**SCORER_KERNELS["transposed"]), ScoreTuning(
 
 
 def full_battery(device: str, seed: int) -> list[CheckResult]:
-    """Every case of the test files, for machines without pytest (`python -m ...triton.checks`)."""
+    """Every case of the test files, for machines without pytest (`python -m ...lab.kernel_checks`)."""
     results = [check_build(device, f, d, t, seed + i, num_kv_heads=1, num_pages=2) for i, (f, d, t) in enumerate(BUILD_CASES)]
     results += [check_build(device, f, 64, torch.float32, seed + i, low_rank=r, num_kv_heads=1, num_pages=2)
                 for i, (f, r) in enumerate(LOW_RANK_CASES)]
@@ -422,7 +422,7 @@ CUDA_CASES = [
 
 def cuda_battery(device: str, seed: int, paths=("four", "one")) -> list[CheckResult]:
     """CUDA_CASES through the CUDA score kernel, each also failing if the kernel did not serve it (fell back to
-    Triton): the GPU check before timing `scorer_kernel="cuda"` (`python -m ...triton.checks --cuda`)."""
+    Triton): the GPU check before timing `scorer_kernel="cuda"` (`python -m ...lab.kernel_checks --cuda`)."""
     from ..cuda import score as cuda_score  # noqa: PLC0415 - needs a GPU to mean anything
 
     results = []
@@ -442,7 +442,7 @@ def cuda_battery(device: str, seed: int, paths=("four", "one")) -> list[CheckRes
 def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, scorer: str = _SCORER_DEFAULT) -> list[CheckResult]:
     """Every select case (default: SELECT_CASES + MANY_PAGES_CASE) on bf16 queries, once per selection
     path, with the score kernel's code path `scorer` (score_select.SCORER_KERNELS): the GPU check to run
-    before timing a selection or scorer change (`python -m ...triton.checks --select four,one
+    before timing a selection or scorer change (`python -m ...lab.kernel_checks --select four,one
     [--scorer transposed]`). The interpreter runs a launch's programs one after another, so a race between
     programs of one kernel shows only on a GPU."""
     cases = SELECT_CASES + [MANY_PAGES_CASE] if cases is None else cases
@@ -481,39 +481,3 @@ def available_devices() -> list[str]:
     if os.environ.get("TRITON_INTERPRET") == "1":
         return ["cpu"]
     return ["cuda"] if torch.cuda.is_available() else []
-
-
-if __name__ == "__main__":
-    import argparse
-    import sys
-
-    from ..reference.testing import fresh_seed
-
-    parser = argparse.ArgumentParser(description="Kernel checks against the torch references.")
-    parser.add_argument("--select", metavar="PATHS", help=f"only the select cases on bf16, for these paths "
-                        f"(comma-separated, of {', '.join(SELECT_PATHS)})")
-    parser.add_argument("--cuda", action="store_true", help="the CUDA score kernel's cases (CUDA_CASES), four and one")
-    parser.add_argument("--decode", action="store_true", help="the decode cases under each of DECODE_TUNINGS")
-    parser.add_argument("--scorer", default=_SCORER_DEFAULT, choices=tuple(SCORER_KERNELS),
-                        help="with --select: the score kernel's code path (score_select.SCORER_KERNELS)")
-    args = parser.parse_args()
-    devices = available_devices()
-    if not devices:
-        sys.exit("no device: set TRITON_INTERPRET=1 (CPU) or run on a GPU")
-    if args.cuda:
-        battery = cuda_battery(devices[0], fresh_seed())
-    elif args.decode:
-        battery = decode_battery(devices[0], fresh_seed())
-    elif args.select:
-        paths = args.select.split(",")
-        unknown = [p for p in paths if p not in SELECT_PATHS]
-        if unknown:
-            sys.exit(f"--select: unknown path(s) {unknown}; choose from {', '.join(SELECT_PATHS)}")
-        battery = select_battery(devices[0], fresh_seed(), paths, scorer=args.scorer)
-    else:
-        battery = full_battery(devices[0], fresh_seed())
-    for result in battery:
-        print(result)
-    failed = [r for r in battery if not r.ok]
-    print(f"{len(battery) - len(failed)} passed, {len(failed)} failed on {devices[0]}")
-    sys.exit(1 if failed else 0)

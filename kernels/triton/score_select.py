@@ -27,7 +27,7 @@ from ..config import SELECT_PATHS
 from ._common import enter_dependent, mm
 
 # Cost model (r8i4, G=8, d=128): the scorer streams 832 B per scored page but is bound by latency,
-# not bytes. Its 16-page tile is ~1700 SASS per thread (aot.py, specialised like production: int4
+# not bytes. Its 16-page tile is ~1700 SASS per thread (harness/lab/compile_report.py, specialised like production: int4
 # decode, the fp32 coefficient contraction, dot operand shuffles through shared memory with ~20
 # barriers) against 0.4 us to stream the tile at 4.23 TB/s / 132 SMs. ncu (H200, 2026-11-29, 128K bs1,
 # 128 chunks): 9 cycles per issued instruction, stalled on global loads (long scoreboard), the shared
@@ -49,7 +49,7 @@ SCORE_CHUNKS = 512  # the default cap: every program slot of a bs1 launch of one
 # 128, so it stays at 32 while the score grid fills every program slot.
 SELECT_CHUNKS = 32
 SCORE_WARPS = 1
-SCORE_MAXNREG = 128  # r8i4, G=8, d=128: no spill at 1 warp x 4 pages (108 used with the tensor-core contraction; aot.py)
+SCORE_MAXNREG = 128  # r8i4, G=8, d=128: no spill at 1 warp x 4 pages (108 used with the tensor-core contraction; compile_report.py)
 # Programs do equal work, so the launch fills at most one wave (2.06 waves take 3 waves' time, one
 # wave of twice the pages takes 2): the grid is floor(slots / pairs) chunks per pair, slots =
 # programs resident per SM (64K registers / (maxnreg x threads)) x SMs.

@@ -1,6 +1,6 @@
 """Checks of the backend's decode captures (debug.py) against fp32 torch references.
 
-`check_oracle_captures` (gpu_check): the oracle scorer's selection recomputed from the keys, and the
+`check_oracle_captures` (harness/lab/backend_check.py): the oracle scorer's selection recomputed from the keys, and the
 kernel's output vs attention over the captured pages. `check_rank_captures` (any scorer, one process,
 so one TP rank): the output vs attention over the captured pages, the sink and recent pages kept, the
 page ids valid and distinct; it returns a small JSON-able dict, with the selections and queries of one

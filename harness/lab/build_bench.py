@@ -1,6 +1,6 @@
 """Time build_summaries on one GPU: the prompt build of one layer and the decode-time build of one block.
 
-`python -m locks_toolkit.kernels.triton.bench_build [--blocks 8192] [--heads 4] [--dim 128] [--format r8i4]`
+`python -m locks_toolkit.harness.lab.build_bench [--blocks 8192] [--heads 4] [--dim 128] [--format r8i4]`
 prints µs per layer for (1) a prompt build of --blocks blocks x --heads KV heads (eager, CUDA events)
 and (2) the decode-time build of one block x --heads heads, captured 40 times in one CUDA graph
 (one launch per layer, as the engine does) and reported per launch. Keys are Gaussian or
@@ -15,10 +15,10 @@ import logging
 
 import torch
 
-from ..config import PAGE_SIZE, SummaryFormat
-from ..reference.packing import SummaryLayout
-from . import build, ops
-from .checks import check_build
+from ...kernels.config import PAGE_SIZE, SummaryFormat
+from ...kernels.reference.packing import SummaryLayout
+from ...kernels.triton import build, ops
+from ...kernels.triton.checks import check_build
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """H200 acceptance check of the Locks backend inside unmodified vLLM 0.24 (one process, < 8 min).
 
-    python -m locks_toolkit.kernels.vllm_backend.gpu_check [--part all|checks|speed] [--out results.json]
+    python -m locks_toolkit.harness.lab.backend_check [--part all|checks|speed] [--out results.json]
 
 GLM-4-9B attention geometry (32 query heads, 4 KV heads, d=128, hidden 4096, 40 layers, vocab
 151552) as a Llama-architecture config with dummy weights re-drawn so attention is not flat.
@@ -34,7 +34,7 @@ os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 import torch  # noqa: E402
 
-from .capture_check import BF16_ATOL, BF16_RTOL, check_oracle_captures  # noqa: E402, F401 - re-exported
+from ...kernels.vllm_backend.capture_check import BF16_ATOL, BF16_RTOL, check_oracle_captures  # noqa: E402, F401 - re-exported
 
 GLM4_9B_GEOMETRY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 13696,
@@ -145,7 +145,7 @@ def compare_exact(fa_run: dict, locks_run: dict) -> dict:
 
 
 def run_checks(model_dir: str, context: int = CHECK_CONTEXT, utilization: float = 0.10, eager: bool = False) -> dict:
-    from . import counters, debug
+    from ...kernels.vllm_backend import counters, debug
 
     max_len = context + 512
     ids = prompt_ids(context, seed=1)
@@ -200,7 +200,7 @@ def _stats(step_ms: list[float]) -> dict:
 
 
 def run_speed(model_dir: str) -> dict:
-    from . import counters
+    from ...kernels.vllm_backend import counters
 
     max_len = max(SPEED_CONTEXTS) + 512
     fa = make_engine(model_dir, "FLASH_ATTN", 0.28, max_len)
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--check-context", type=int, default=CHECK_CONTEXT, help="prompt length of the checks")
     args = parser.parse_args(argv)
-    from .plugin import register
+    from ...kernels.vllm_backend.plugin import register
 
     register()  # idempotent; covers a checkout that is importable but not pip-installed (no entry point)
     started = time.perf_counter()
@@ -243,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             results["speed"] = run_speed(model_dir)
             print("SPEED", json.dumps(results["speed"], default=str), flush=True)
     results["wall_s"] = time.perf_counter() - started
-    # The one script under kernels/ that writes a record: it carries the same provenance as the harness's.
-    from ...harness.provenance import collect, reproduce_command
+    from ..provenance import collect, reproduce_command
 
     results["provenance"] = collect(reproduce_command(), schema="locks.gpu_check/1")
     for context, row in results.get("speed", {}).items():

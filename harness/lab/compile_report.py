@@ -1,8 +1,9 @@
 """Ahead-of-time compile of every kernel for sm_90 (H100/H200) without a GPU: catches GPU-only
 lowering errors and register spills on a CPU machine, where the tests run the interpreter.
 
-`python -m locks_toolkit.kernels.triton.aot` prints registers / spill bytes per kernel (it must
-run WITHOUT TRITON_INTERPRET=1); `--opcodes _score_kernel` the opcode counts of one kernel's loop. The constexprs mirror the production launches in `ops.py`
+`python -m locks_toolkit.harness.lab.compile_report` prints registers / spill bytes per kernel (it must
+run WITHOUT TRITON_INTERPRET=1); `--opcodes _score_kernel` the opcode counts of one kernel's loop; `--cuda`
+the CUDA score kernel's tile loop (NVRTC). The Triton constexprs mirror the production launches in `ops.py`
 (GLM-4-9B geometry: G=8, d=128, r8i4, k=128; bf16), and so does the specialisation: at launch the
 JIT marks every 16-byte-aligned pointer and every integer argument divisible by 16 (and any equal
 to 1) as such, which changes vectorisation and register use, so `PRODUCTION_HINTS` lists the integer
@@ -20,15 +21,16 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
-from ..config import PAGE_SIZE, SummaryFormat
-from ..reference.packing import SummaryLayout
-from . import build as _build
-from . import decode as _decode
-from . import score_select as _ss
-from . import score_t as _score_t
-from . import topk as _topk
-from . import topk_one as _one
-from ._common import FP32_EPS, RowConstants, next_pow2
+from ...kernels.config import PAGE_SIZE, SummaryFormat
+from ...kernels.cuda import score as _cuda_score
+from ...kernels.reference.packing import SummaryLayout
+from ...kernels.triton import build as _build
+from ...kernels.triton import decode as _decode
+from ...kernels.triton import score_select as _ss
+from ...kernels.triton import score_t as _score_t
+from ...kernels.triton import topk as _topk
+from ...kernels.triton import topk_one as _one
+from ...kernels.triton._common import FP32_EPS, RowConstants, next_pow2
 
 SM90 = GPUTarget("cuda", 90, 32)
 _TRANSPOSED = _ss.ScoreTuning(**_ss.SCORER_KERNELS["transposed"])  # the backend's score kernel
@@ -137,12 +139,13 @@ def compile_kernel(fn, pointer_types: dict, constexprs: dict, warps, target: GPU
     return triton.compile(triton.compiler.ASTSource(fn, signature, constexprs, attrs), target=target, options=options)
 
 
-def _cuobjdump(kernel, flag: str) -> str:
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """Triton's bundled cuobjdump on a cubin (no device needed)."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(kernel.asm["cubin"])
-        cubin.flush()
-        return subprocess.run([tool, flag, cubin.name], capture_output=True, text=True, check=True).stdout
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        return subprocess.run([tool, flag, file.name], capture_output=True, text=True, check=True).stdout
 
 
 def _largest_loop(sass: str) -> list[str]:
@@ -184,27 +187,46 @@ def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int
     usage = {}
     for name, (fn, pointer_types, constexprs, warps) in _variants(**geometry):
         kernel = compile_kernel(fn, pointer_types, constexprs, warps, target)
-        found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", _cuobjdump(kernel, "--dump-resource-usage"))
-        instructions, spills, loads, mma = loop_profile(_cuobjdump(kernel, "-sass"))
+        found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", _cuobjdump(kernel.asm["cubin"], "--dump-resource-usage"))
+        instructions, spills, loads, mma = loop_profile(_cuobjdump(kernel.asm["cubin"], "-sass"))
         usage[name] = {"registers": int(found[1]), "stack_bytes": int(found[2]), "shared_bytes": kernel.metadata.shared,
                        "loop_instructions": instructions, "loop_spill_accesses": spills, "loop_global_loads": loads, "loop_mma": mma,
                        "griddepcontrol": kernel.asm["ptx"].count("griddepcontrol.")}
     return usage
 
 
+def cuda_score_report(rows_per_lane: int, rows_under_4gib: bool = True, rc: RowConstants | None = None) -> dict:
+    """The CUDA score kernel compiled for sm_90 here (NVRTC): {"registers", "stack_bytes", "loop_instructions",
+    "loop_spill_accesses", "loop_global_loads", "loop_mma", "loop_opcodes"} of its tile loop (per thread)."""
+    rc = rc or RowConstants.of(SummaryLayout(SummaryFormat.parse("r8i4"), 128))
+    cubin = _cuda_score.compile_cubin(_cuda_score.compile_options(rc, rows_under_4gib, rows_per_lane))
+    usage = re.search(r"REG:(\d+) STACK:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
+    sass = _cuobjdump(cubin, "-sass")
+    instructions, spills, loads, mma = loop_profile(sass)
+    return {"registers": int(usage[1]), "stack_bytes": int(usage[2]), "loop_instructions": instructions,
+            "loop_spill_accesses": spills, "loop_global_loads": loads, "loop_mma": mma, "loop_opcodes": loop_opcodes(sass)}
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
+    import json
 
     parser = argparse.ArgumentParser(description="Compile every Locks kernel for sm_90 and print its facts.")
     parser.add_argument("--opcodes", metavar="KERNEL", help="print the loop's opcode counts of one variant (e.g. _score_kernel)")
+    parser.add_argument("--cuda", action="store_true", help="the CUDA score kernel (NVRTC) instead: its tile loop "
+                        "at 1 and 2 rows per lane, with the loop's opcode counts")
     args = parser.parse_args(argv)
+    if args.cuda:
+        for rows in (1, 2):
+            print(json.dumps({"lane_rows": rows, **cuda_score_report(rows)}))
+        return 0
     if args.opcodes:
         variants = dict(_variants())
         if args.opcodes not in variants:
             print(f"error: --opcodes {args.opcodes!r} is not one of {sorted(variants)}", file=sys.stderr)
             return 2
         fn, pointer_types, constexprs, warps = variants[args.opcodes]
-        for op, n in loop_opcodes(_cuobjdump(compile_kernel(fn, pointer_types, constexprs, warps), "-sass")).items():
+        for op, n in loop_opcodes(_cuobjdump(compile_kernel(fn, pointer_types, constexprs, warps).asm["cubin"], "-sass")).items():
             print(f"{op:10s} {n}")
         return 0
     for name, facts in compile_all().items():
