@@ -6,7 +6,7 @@ on every layer and arm. On a full-attention layer (config.layer_types) the activ
 splits the cached keys into pages of 16, scores the full pages with the arm's scorer (per KV head,
 all G query heads, the model's own scale), combines over the group, keeps sink + recent +
 top-(k-2) pages, and attention runs over those tokens only. With no selector active (FullKV) every
-token is attended; this equals stock sdpa to fp32 rounding (tests/test_eval_engine_hf.py).
+token is attended; this equals stock sdpa to fp32 rounding (tests/suites/test_eval_engine_hf.py).
 
 Arms share the prefill: an instance is prefilled once, and each (arm, budget) decodes greedily
 from a copy of that KV cache. Scorer states (summaries) of the prompt's pages are built once per

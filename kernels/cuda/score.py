@@ -32,7 +32,7 @@ KERNEL_NAME = "locks_score_t"
 ARCH = "sm_90a"
 TILE_PAGES = 4  # pages per tile in the kernel (its TILE)
 WARPS = 4  # per program (CTA_WARPS): each warp takes every 4th tile of the program's chunk
-MIN_WARPS_PER_SM = 16  # __launch_bounds__ minimum: caps registers at 128 (no spill; tests/test_cuda_score.py)
+MIN_WARPS_PER_SM = 16  # __launch_bounds__ minimum: caps registers at 128 (no spill; tests/kernels/test_cuda_score.py)
 PROGRAMS_PER_SM = MIN_WARPS_PER_SM // WARPS
 MAX_GROUP = 16  # query heads per KV head: the mma's M
 

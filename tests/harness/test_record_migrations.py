@@ -11,7 +11,7 @@ from locks_toolkit.harness.presets import load_preset_config
 from locks_toolkit.harness.record_schemas import DECODE, FLOOR_KV_ONLY, FLOOR_PRESET, FLOOR_RECORDED
 from locks_toolkit.harness.weights import weights_from_config
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 def v1(**over) -> dict:

@@ -14,7 +14,7 @@ from locks_toolkit.locks_cli.main import app
 from locks_toolkit.reports.records import read_jsonl
 from locks_toolkit.reports.render import plot_report, render_comparison, render_report
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -4,7 +4,7 @@ Fixtures (tests/fixtures/*.jsonl) are hand-chosen records that include refused, 
 error cells. Golden files live in tests/golden/. After an intended change of the output, regenerate
 them and review the diff:
 
-    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_reports.py -q
+    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/reports/test_reports.py -q
 
 The test then rewrites the golden files and passes; without the variable a mismatch fails.
 """
@@ -33,7 +33,7 @@ from locks_toolkit.reports.records import RecordsError, read_jsonl, split_by_sch
 from locks_toolkit.reports.render import render_comparison, render_report
 from locks_toolkit.reports.schemas import DECODE, EVAL, KERNEL, MICROSCOPE
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 ALL = [FIXTURES / f"{name}.jsonl" for name in ("decode", "kernel", "eval", "microscope", "unknown")]
 
 
@@ -325,7 +325,7 @@ def test_a_cpu_smoke_record_as_the_harness_writes_it_renders():
 
 
 def test_readme_example_is_the_current_output():
-    readme = (Path(__file__).parents[1] / "reports" / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).parents[2] / "reports" / "README.md").read_text(encoding="utf-8")
     example = readme.split("not a measurement):\n\n", 1)[1].split("\n\nModules:", 1)[0]
     rendered = section(render_ladder, decode_frame(records("decode")))
     for block in example.split("\n\n"):
@@ -450,7 +450,7 @@ def test_the_committed_h200_ladder_renders_its_single_prefill_rungs_and_build_ke
     against the faster dense arm of each rung."""
     from locks_toolkit.reports.plots import bytes_series, ttft_series
 
-    path = Path(__file__).parents[1] / "docs" / "results" / "efficiency" / "ladder-bs1-h200.jsonl"
+    path = Path(__file__).parents[2] / "docs" / "results" / "efficiency" / "ladder-bs1-h200.jsonl"
     stored = [json.loads(line) for line in path.read_text().splitlines()]
     frame = decode_frame(stored)
     locks = _cell(frame, "locks r8i4 b=2048", 524288, 1)
