@@ -22,7 +22,7 @@ from .record_schemas import FLOOR_KV_ONLY, FLOOR_RECORDED
 def summary_row_bytes(fmt: SummaryFormat, head_dim: int, page_size: int = PAGE_SIZE) -> int:
     """Bytes of one packed summary row: the kernels' SummaryLayout when present, else its documented formula."""
     try:
-        from ..kernels.reference.packing import SummaryLayout
+        from ..kernels.build.packing import SummaryLayout
 
         return int(SummaryLayout(fmt, head_dim, page_size).row_bytes)
     except (ImportError, AttributeError, TypeError):

@@ -106,7 +106,7 @@ def select_path_for(select: str, table_pages: int) -> str:
 
 
 # The score kernel's code paths by name (`triton.score_select.SCORER_KERNELS`), the production one first:
-# "cuda" (kernels/cuda/score_t.cu: every operand built in its mma's register layout; r8i4, d = 128, bf16 q,
+# "cuda" (kernels/score/score_t.cu: every operand built in its mma's register layout; r8i4, d = 128, bf16 q,
 # G <= 16 on sm_90, the transposed kernel elsewhere; H200 128K bs1: -0.49 ms per step), "transposed" (query
 # heads as the dots' M, V^T q never leaves registers, 2-page tiles: `triton/score_t.py`; -0.25 ms), "pages"
 # (pages x basis columns as M: `triton/score_select.py`, the one that serves every format and head size).

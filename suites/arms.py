@@ -4,7 +4,7 @@
     parse_arm("fullkv")      -> Arm(name="fullkv", scorer=None)   # stock dense attention
 
 Every sparse arm uses the same selection (sink + recent + top-(k-2), GQA share-average) and differs
-only in the scorer of `kernels/reference/selectors.py`, so a quality gap is the scorer's alone.
+only in the scorer of `kernels/score/selectors.py`, so a quality gap is the scorer's alone.
 """
 
 from __future__ import annotations
@@ -16,15 +16,9 @@ from typing import Any
 
 import torch
 
+from ..kernels.build.reference import PageSummaries
 from ..kernels.config import ConfigError, SummaryFormat
-from ..kernels.reference.selectors import (
-    PageScorer,
-    SharedBasisGlobalScorer,
-    fit_shared_basis,
-    make_scorer,
-    scorer_names,
-)
-from ..kernels.reference.summary import PageSummaries
+from ..kernels.score.selectors import PageScorer, SharedBasisGlobalScorer, fit_shared_basis, make_scorer, scorer_names
 
 logger = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from ..kernels.config import PAGE_SIZE, SelectionConfig, scored_pages
-from ..kernels.reference.select import combine_group, select_pages
-from ..kernels.reference.selectors import PageScorer
+from ..kernels.score.selectors import PageScorer
+from ..kernels.select.reference import combine_group, select_pages
 from .arms import Arm, continuation_scorer, prompt_scorer
 from .models import AttentionGeometry, geometry_from_config
 

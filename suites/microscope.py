@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels.build.reference import PageSummaries, reconstruct_keys
 from ..kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat, scored_pages
-from ..kernels.reference.attention import selected_page_mask
-from ..kernels.reference.score import exact_page_scores
-from ..kernels.reference.select import combine_group, select_pages
-from ..kernels.reference.selectors import make_scorer, scorer_names
-from ..kernels.reference.summary import PageSummaries, reconstruct_keys
+from ..kernels.decode.reference import selected_page_mask
+from ..kernels.score.reference import exact_page_scores
+from ..kernels.score.selectors import make_scorer, scorer_names
+from ..kernels.select.reference import combine_group, select_pages
 from .arms import DENSE_ARM, FORMAT_SCORERS, parse_arm
 from .microscope_audit import AuditCounts, audit_scores, audit_selection, step_outputs
 from .microscope_inputs import Arm, StepPages
@@ -299,7 +299,7 @@ def capture_output_error(record: CapturedRecord, scale: float) -> float | None:
     (post-RoPE q, cached k/v, head mapping, scale) is what the model attended with."""
     if record.outputs is None:
         return None
-    from ..kernels.reference.attention import attend_pages
+    from ..kernels.decode.reference import attend_pages
 
     worst = 0.0
     for li in range(record.queries.shape[0]):

@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kernels.reference import bounds
-from ..kernels.reference.attention import attend_pages, selected_page_mask
-from ..kernels.reference.score import exact_logits, token_mask
-from ..kernels.reference.summary import PageSummaries
+from ..kernels.build.reference import PageSummaries
+from ..kernels.decode.reference import attend_pages, selected_page_mask
+from ..kernels.score import bounds
+from ..kernels.score.reference import exact_logits, token_mask
 from .microscope_inputs import Arm, StepPages
-
 
 ABS_TOL = 1e-9  # fp64 slack for bounds on logits / log masses
 REL_TOL = 1e-9  # fp64 slack relative to the size of the compared quantities

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from locks_toolkit.kernels.reference.testing import fresh_seed, generator
+from locks_toolkit.kernels.testing import fresh_seed, generator
 
 
 @pytest.fixture

@@ -15,10 +15,11 @@ import logging
 
 import torch
 
+from ...kernels import ops
+from ...kernels.build import kernel as build
+from ...kernels.build.packing import SummaryLayout
+from ...kernels.checks import check_build
 from ...kernels.config import PAGE_SIZE, SummaryFormat
-from ...kernels.reference.packing import SummaryLayout
-from ...kernels.triton import build, ops
-from ...kernels.triton.checks import check_build
 
 log = logging.getLogger(__name__)
 

@@ -21,16 +21,16 @@ import tempfile
 import triton
 from triton.backends.compiler import GPUTarget
 
+from ...kernels.build import kernel as _build
+from ...kernels.build.packing import SummaryLayout
 from ...kernels.config import PAGE_SIZE, SummaryFormat
-from ...kernels.cuda import score as _cuda_score
-from ...kernels.reference.packing import SummaryLayout
-from ...kernels.triton import build as _build
-from ...kernels.triton import decode as _decode
-from ...kernels.triton import score_select as _ss
-from ...kernels.triton import score_t as _score_t
-from ...kernels.triton import topk as _topk
-from ...kernels.triton import topk_one as _one
-from ...kernels.triton._common import FP32_EPS, RowConstants, next_pow2
+from ...kernels.decode import kernel as _decode
+from ...kernels.score import cuda as _cuda_score
+from ...kernels.score import pages as _ss
+from ...kernels.score import transposed as _score_t
+from ...kernels.select import four as _topk
+from ...kernels.select import one as _one
+from ...kernels.triton_common import FP32_EPS, RowConstants, next_pow2
 
 SM90 = GPUTarget("cuda", 90, 32)
 _TRANSPOSED = _ss.ScoreTuning(**_ss.SCORER_KERNELS["transposed"])  # the backend's score kernel

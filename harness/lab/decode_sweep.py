@@ -20,16 +20,24 @@ from dataclasses import asdict
 
 import torch
 
+from ...kernels import ops
+from ...kernels.build.packing import SummaryLayout
+from ...kernels.checks import BF16_DECODE_TOLERANCE
 from ...kernels.config import SelectionConfig, SummaryFormat
-from ...kernels.reference.attention import paged_decode_reference
-from ...kernels.reference.packing import SummaryLayout
-from ...kernels.triton import ops
-from ...kernels.triton.checks import BF16_DECODE_TOLERANCE
-from ...kernels.triton.decode import DEFAULT_DECODE, TWO_PAGE_DECODE, DecodeTuning
-from .kernel_bench import _ContextState, _time_graph, add_sweep_arguments, pick_variants, resolve_geometry, sweep_contexts, variant_error
+from ...kernels.decode.kernel import DEFAULT_DECODE, TWO_PAGE_DECODE, DecodeTuning
+from ...kernels.decode.reference import paged_decode_reference
 from ..provenance import collect, reproduce_command
-from .score_sweep import decoder_layer_rest, profile_graph
 from ..workload import format_size, parse_size_list
+from .kernel_bench import (
+    _ContextState,
+    _time_graph,
+    add_sweep_arguments,
+    pick_variants,
+    resolve_geometry,
+    sweep_contexts,
+    variant_error,
+)
+from .score_sweep import decoder_layer_rest, profile_graph
 
 SCHEMA_DECODE_SWEEP = "locks.decode_sweep/1"
 

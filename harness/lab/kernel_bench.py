@@ -22,11 +22,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ...kernels import ops
+from ...kernels.build.packing import SummaryLayout
+from ...kernels.checks import gpu_smoke_checks
 from ...kernels.config import PAGE_SIZE, ConfigError, SelectionConfig, SummaryFormat, cdiv
-from ...kernels.reference.packing import SummaryLayout
-from ...kernels.reference.testing import fresh_seed
-from ...kernels.triton import ops
-from ...kernels.triton.checks import gpu_smoke_checks
+from ...kernels.testing import fresh_seed
 from ..record_schemas import KERNEL
 from ..workload import format_size
 

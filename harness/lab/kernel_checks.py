@@ -1,4 +1,4 @@
-"""The kernel checks on this machine's device, from the command line: every check of kernels/triton/checks.py
+"""The kernel checks on this machine's device, from the command line: every check of kernels/checks.py
 against the fp64/fp32 torch references on fresh random inputs (the GPU, or the interpreter with
 TRITON_INTERPRET=1).
 
@@ -10,16 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ...kernels.checks import available_devices, cuda_battery, decode_battery, full_battery, select_battery
 from ...kernels.config import SELECT_PATHS
-from ...kernels.reference.testing import fresh_seed
-from ...kernels.triton.checks import (
-    available_devices,
-    cuda_battery,
-    decode_battery,
-    full_battery,
-    select_battery,
-)
-from ...kernels.triton.score_select import SCORER_KERNELS
+from ...kernels.score.pages import SCORER_KERNELS
+from ...kernels.testing import fresh_seed
 
 _SCORER_DEFAULT = next(iter(SCORER_KERNELS))
 

@@ -18,13 +18,22 @@ from dataclasses import asdict
 
 import torch
 
+from ...kernels import ops
+from ...kernels.build.packing import SummaryLayout
 from ...kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
-from ...kernels.reference.packing import SummaryLayout
-from ...kernels.triton import ops
-from ...kernels.triton.score_select import DEFAULT_TUNING, SCORER_KERNELS, ScoreTuning
-from .kernel_bench import _ContextState, _time_graph, add_sweep_arguments, capture_graph, pick_variants, resolve_geometry, sweep_contexts, variant_error
+from ...kernels.score.pages import DEFAULT_TUNING, SCORER_KERNELS, ScoreTuning
 from ..provenance import collect, reproduce_command
 from ..workload import format_size, parse_size_list
+from .kernel_bench import (
+    _ContextState,
+    _time_graph,
+    add_sweep_arguments,
+    capture_graph,
+    pick_variants,
+    resolve_geometry,
+    sweep_contexts,
+    variant_error,
+)
 
 SCHEMA_SCORE_SWEEP = "locks.score_sweep/1"
 
@@ -60,7 +69,7 @@ VARIANTS = (
     # workspace of 1024) took 31.6 µs at 128K against 26.0, so the workspace stayed at 512 chunks.
     ScoreTuning(maxnreg=96, **SCORER_KERNELS["transposed"]),
     ScoreTuning(stages=2, **SCORER_KERNELS["transposed"]),
-    # The CUDA kernel (kernels/cuda/score_t.cu): operands built in the mma register layouts, 4-page tiles,
+    # The CUDA kernel (kernels/score/score_t.cu): operands built in the mma register layouts, 4-page tiles,
     # ~840 SASS per tile against the transposed kernel's ~800 per 2 pages
     ScoreTuning(**SCORER_KERNELS["cuda"]),
     # The one-launch selection's tail (topk_one._select_by_loops) in steps of 2048 (default), 4096 and 1024 keys

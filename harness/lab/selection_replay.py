@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
+from ...kernels import ops
 from ...kernels.config import PAGE_SIZE, SELECT_PATHS
-from ...kernels.triton import ops
-from ...kernels.triton import topk as _topk
-from ...kernels.triton.score_select import SCORER_KERNELS, ScoreTuning
+from ...kernels.score.pages import SCORER_KERNELS, ScoreTuning
+from ...kernels.select import four as _topk
 from ..provenance import collect, reproduce_command
 from ..workload import parse_size
 
@@ -116,8 +116,8 @@ def capture_engine_steps(context: int, layers: int, capture_layer: int, steps: i
     """The bench's model in an in-process eager engine; replays every capture of `capture_layer` before
     the engine (whose cache the captures reference) goes away."""
     from ...kernels.vllm_backend import debug
-    from .backend_check import GLM4_9B_GEOMETRY, greedy, prompt_ids, with_engine
     from ...kernels.vllm_backend.plugin import register
+    from .backend_check import GLM4_9B_GEOMETRY, greedy, prompt_ids, with_engine
 
     register()
     with tempfile.TemporaryDirectory() as model_dir:

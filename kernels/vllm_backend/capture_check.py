@@ -29,7 +29,7 @@ def capture_inputs(cap: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
 
 def sparse_reference(cap: dict) -> torch.Tensor:
     """fp32 [S, Hq, d]: torch attention over the captured pages of each (sequence, KV head)."""
-    from ..reference.attention import paged_decode_reference
+    from ..decode.reference import paged_decode_reference
 
     q, table, seq_lens, selected = capture_inputs(cap)
     return paged_decode_reference(q, cap["k_cache"], cap["v_cache"], table, seq_lens, cap["scale"], selected.long())
@@ -45,9 +45,9 @@ def check_oracle_captures(page_budget: int, captures: Sequence[dict] | None = No
     """Each captured decode step: oracle selection recomputed from the keys, and the kernel's output
     vs fp32 torch attention over the captured pages (and vs dense, to show the check can fail)."""
     from ..config import scored_pages
-    from ..reference.attention import paged_decode_reference
-    from ..reference.score import exact_page_scores
-    from ..reference.select import combine_group, select_pages
+    from ..decode.reference import paged_decode_reference
+    from ..score.reference import exact_page_scores
+    from ..select.reference import combine_group, select_pages
     from . import debug
 
     captures = debug.captures if captures is None else captures

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..build.packing import SummaryLayout
 from ..config import PAGE_SIZE
-from ..reference.packing import SummaryLayout
 from . import counters, debug, memory
 from .kernel_ops import DecodeShape, key_score_select, ops_for_device, timed_host_ms
 from .settings import BackendSettings, settings_from_vllm_config

@@ -4,7 +4,7 @@ Counting happens on the host in the metadata builder, once per step per layer gr
 host-side metadata (query_start_loc_cpu, seq_lens_cpu_upper_bound): no device reads, so CUDA-graph
 replay is never synchronised. A "row" is one (request, layer) pair.
 
-    from locks_toolkit.kernels.vllm_backend import counters
+    from . import counters
     counters.reset(); ...timed window...; counters.snapshot()["sparse_decode_rows"]
 """
 

@@ -15,13 +15,13 @@ from typing import Any, Protocol
 
 import torch
 
+from ..build.packing import SummaryLayout, pack_summaries, unpack_summaries
+from ..build.reference import build_page_summaries
 from ..config import PAGE_SIZE, SCORER_KERNELS, SELECT_CHOICES, scored_pages, select_path_for
-from ..reference.attention import paged_decode_reference
-from ..reference.packing import SummaryLayout, pack_summaries, unpack_summaries
-from ..reference.score import summary_page_scores
-from ..reference.select import combine_group, select_pages
-from ..reference.selectors import make_scorer
-from ..reference.summary import build_page_summaries
+from ..decode.reference import paged_decode_reference
+from ..score.reference import summary_page_scores
+from ..score.selectors import make_scorer
+from ..select.reference import combine_group, select_pages
 
 logger = logging.getLogger(__name__)
 
@@ -141,9 +141,9 @@ class TritonOps:
     name = "triton"
 
     def __init__(self, select: str = SELECT_CHOICES[0], pdl: bool = False, scorer_kernel: str = SCORER_KERNELS[0]) -> None:
-        from ..triton import ops  # noqa: PLC0415 - CUDA only
-        from ..triton.score_select import DEFAULT_TUNING  # noqa: PLC0415
-        from ..triton.score_select import SCORER_KERNELS as TUNING_OF  # noqa: PLC0415 - name -> ScoreTuning fields
+        from .. import ops  # noqa: PLC0415 - CUDA only
+        from ..score.pages import DEFAULT_TUNING  # noqa: PLC0415
+        from ..score.pages import SCORER_KERNELS as TUNING_OF  # noqa: PLC0415 - name -> ScoreTuning fields
 
         self._ops = ops
         self._select = select

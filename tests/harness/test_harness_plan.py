@@ -4,14 +4,22 @@ import json
 import re
 
 import pytest
-
 from locks_toolkit.harness.arms import ARMS, SparseKnobs, get_arm
 from locks_toolkit.harness.plan import DecodePlan, default_plan_path, load_plan
 from locks_toolkit.harness.presets import (
-    ModelGeometry, build_config, load_preset_config, materialize_model, preset_names,
+    ModelGeometry,
+    build_config,
+    load_preset_config,
+    materialize_model,
+    preset_names,
 )
 from locks_toolkit.harness.traffic import (
-    dense_bytes_per_step, floor_ms, locks_bytes_per_step, row_bytes_formula, step_stats, summary_row_bytes,
+    dense_bytes_per_step,
+    floor_ms,
+    locks_bytes_per_step,
+    row_bytes_formula,
+    step_stats,
+    summary_row_bytes,
 )
 from locks_toolkit.kernels.config import ConfigError, SummaryFormat
 from locks_toolkit.kernels.vllm_backend.settings import parse_settings
@@ -197,7 +205,7 @@ def test_locks_bytes_read_summaries_plus_the_budget():
 @pytest.mark.parametrize("name", ["r8i4", "r8i8", "r4i4", "r2i8", "r8fp", "r3i4"])
 @pytest.mark.parametrize("head_dim", [64, 128, 96])
 def test_row_bytes_formula_matches_the_packing_layout(name, head_dim):
-    from locks_toolkit.kernels.reference import packing
+    from locks_toolkit.kernels.build import packing
     fmt = SummaryFormat.parse(name)
     assert row_bytes_formula(fmt, head_dim) == packing.SummaryLayout(fmt, head_dim).row_bytes
 

@@ -10,13 +10,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
-
 from locks_toolkit.kernels.config import PAGE_SIZE  # noqa: E402
-from locks_toolkit.kernels.reference.testing import fresh_seed  # noqa: E402
+from locks_toolkit.kernels.testing import fresh_seed  # noqa: E402
 from locks_toolkit.suites import engine_hf  # noqa: E402
 from locks_toolkit.suites.arms import parse_arm  # noqa: E402
 from locks_toolkit.suites.engine_hf import HFEngine, StopRule  # noqa: E402
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig  # noqa: E402
 
 VOCAB = 97
 ARMS = ["oracle", "locks:r8i4", "locks:r4fp", "quest", "centroid", "moment", "shared_basis_sequence",

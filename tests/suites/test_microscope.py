@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
-
+from locks_toolkit.kernels.build.reference import build_page_summaries
 from locks_toolkit.kernels.config import SummaryFormat
-from locks_toolkit.kernels.reference.attention import attend_pages
-from locks_toolkit.kernels.reference.summary import build_page_summaries
-from locks_toolkit.kernels.reference.testing import fresh_seed, generator, low_rank_keys
+from locks_toolkit.kernels.decode.reference import attend_pages
+from locks_toolkit.kernels.testing import fresh_seed, generator, low_rank_keys
 from locks_toolkit.suites.microscope import (
     Arm,
     CapturedRecord,
@@ -156,7 +155,7 @@ def test_score_bound_audit_flags_an_error_above_the_bound():
 def test_envelope_audit_checks_the_envelope_the_selector_scored_with():
     """A Quest scorer that takes min where the envelope takes max scores below the page's logits; the audit
     must see it, which a rebuild of the envelope from the keys never would."""
-    from locks_toolkit.kernels.reference.selectors import envelope_scores
+    from locks_toolkit.kernels.score.selectors import envelope_scores
 
     gen = generator(fresh_seed())
     keys = torch.randn(1, 5, 16, 32, generator=gen, dtype=torch.float64)

@@ -21,7 +21,7 @@ def test_attended_pages_are_sink_recent_and_distinct_pages_between_in_order():
 
 def test_markdown_lists_each_shape_with_its_kernels_and_failures():
     from locks_toolkit.harness.lab.decode_sweep import markdown
-    from locks_toolkit.kernels.triton.decode import DecodeTuning
+    from locks_toolkit.kernels.decode.kernel import DecodeTuning
 
     ok = {"tuning": asdict(DecodeTuning(pages_per_iter=4, warps=4, stages=1)), "context_tokens": 32768,
           "batch_size": 1, "splits": 32, "status": "ok", "alone_us": 6.123, "sd_us": 0.05, "in_layer_us": 7.456,
@@ -44,8 +44,7 @@ def test_pick_names_a_variant_that_does_not_exist(capsys):
 
 def test_a_tuning_that_cannot_launch_is_refused_with_its_reason():
     import pytest
-
-    from locks_toolkit.kernels.triton.decode import DecodeTuning
+    from locks_toolkit.kernels.decode.kernel import DecodeTuning
 
     with pytest.raises(ValueError, match="pages_per_iter must be a power of two"):
         DecodeTuning(pages_per_iter=3)

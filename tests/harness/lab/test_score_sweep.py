@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from locks_toolkit.kernels.build.packing import SummaryLayout, pack_summaries
+from locks_toolkit.kernels.build.reference import build_page_summaries
+from locks_toolkit.kernels.checks import available_devices
 from locks_toolkit.kernels.config import PAGE_SIZE, SummaryFormat
-from locks_toolkit.kernels.reference.packing import SummaryLayout, pack_summaries
-from locks_toolkit.kernels.reference.summary import build_page_summaries
-from locks_toolkit.kernels.reference.testing import fresh_seed
-from locks_toolkit.kernels.triton.checks import available_devices
+from locks_toolkit.kernels.testing import fresh_seed
 
 DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(reason="needs TRITON_INTERPRET=1 or a GPU"))]
 
@@ -16,7 +16,7 @@ DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(re
 @pytest.mark.parametrize("device", DEVICES)
 def test_selection_audit_accepts_the_kernel_and_catches_a_wrong_page(device):
     from locks_toolkit.harness.lab.score_sweep import selection_problems
-    from locks_toolkit.kernels.triton import ops
+    from locks_toolkit.kernels import ops
 
     gen = torch.Generator().manual_seed(fresh_seed())
     seqs, hkv, group, d, k = 2, 2, 4, 64, 6
@@ -43,7 +43,7 @@ def test_markdown_names_each_variants_selection_path():
     from dataclasses import asdict
 
     from locks_toolkit.harness.lab.score_sweep import markdown
-    from locks_toolkit.kernels.triton.score_select import ScoreTuning
+    from locks_toolkit.kernels.score.pages import ScoreTuning
 
     def row(tuning):
         return {"tuning": asdict(tuning), "context_tokens": 131072, "batch_size": 1, "status": "ok", "chunks": 128,
@@ -77,7 +77,7 @@ def test_kernel_profile_averages_each_launch_and_the_table_lists_them():
     from dataclasses import asdict
 
     from locks_toolkit.harness.lab.score_sweep import markdown, mean_kernel_us
-    from locks_toolkit.kernels.triton.score_select import ScoreTuning
+    from locks_toolkit.kernels.score.pages import ScoreTuning
 
     # two graph replays of a chain of three launches, one of them twice per chain
     seen = [("_keys_kernel", 5.0), ("_gather_kernel", 3.0), ("_keys_kernel", 1.0), ("_keys_kernel", 7.0),
@@ -105,7 +105,7 @@ def test_between_layers_table_shows_the_chain_time_net_of_the_products():
     from dataclasses import asdict
 
     from locks_toolkit.harness.lab.score_sweep import markdown
-    from locks_toolkit.kernels.triton.score_select import ScoreTuning
+    from locks_toolkit.kernels.score.pages import ScoreTuning
 
     base = {"context_tokens": 131072, "batch_size": 1, "status": "ok", "chunks": 132, "mean_us": 16.0, "sd_us": 0.1,
             "select_us": 18.0, "same_selection": True, "selection_problems": None}

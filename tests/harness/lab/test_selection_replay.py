@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from locks_toolkit.harness.lab import selection_replay
 from locks_toolkit.kernels.config import PAGE_SIZE
-from locks_toolkit.kernels.triton import topk
+from locks_toolkit.kernels.select import four as topk
 
 
 def test_key_stats_describe_the_threshold_bin():

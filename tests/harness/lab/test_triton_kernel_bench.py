@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from locks_toolkit.harness.lab import kernel_bench as kb
+from locks_toolkit.kernels.build.packing import SummaryLayout
 from locks_toolkit.kernels.config import ConfigError, SummaryFormat
-from locks_toolkit.kernels.reference.packing import SummaryLayout
 
 
 def test_glm_geometry_and_aliases():
@@ -54,9 +53,8 @@ def test_table_reports_speedup_only_for_good_cells():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_cli_refuses_without_gpu():
-    from typer.testing import CliRunner
-
     from locks_toolkit.locks_cli.main import app
+    from typer.testing import CliRunner
 
     result = CliRunner().invoke(app, ["bench", "kernel", "--contexts", "32k", "--batch", "1"])
     assert result.exit_code == 2

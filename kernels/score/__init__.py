@@ -1,0 +1,1 @@
+"""Page scoring: the reference (`reference.py`), every page scorer of the method's comparisons (`selectors.py`), the error bounds (`bounds.py`), and the fast scorers: Triton pages (`pages.py`), Triton transposed (`transposed.py`), CUDA (`cuda.py` + `score_t.cu`)."""

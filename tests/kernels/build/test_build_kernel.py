@@ -1,0 +1,99 @@
+"""build_summaries (Triton) vs build_page_summaries + pack_summaries, on fresh random pages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from locks_toolkit.kernels.checks import BUILD_CASES, LOW_RANK_CASES, available_devices, check_build
+from locks_toolkit.kernels.testing import fresh_seed
+
+DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(reason="needs TRITON_INTERPRET=1 or a GPU"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("fmt", "head_dim", "dtype"), BUILD_CASES)
+def test_build_matches_reference(device, fmt, head_dim, dtype):
+    result = check_build(device, fmt, head_dim, dtype, fresh_seed(), num_kv_heads=1, num_pages=2)
+    print(result)
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("fmt", "page_rank"), LOW_RANK_CASES)
+def test_build_is_exact_when_rank_covers_the_page(device, fmt, page_rank):
+    result = check_build(device, fmt, 64, torch.float32, fresh_seed(), low_rank=page_rank, num_kv_heads=1, num_pages=2)
+    print(result)
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_build_of_a_constant_page_has_no_modes(device):
+    """All 16 keys equal: every mode is a zero mode (no division by a zero singular value)."""
+    from locks_toolkit.kernels import ops
+    from locks_toolkit.kernels.build.packing import SummaryLayout, unpack_summaries
+    from locks_toolkit.kernels.config import SummaryFormat
+
+    layout = SummaryLayout(SummaryFormat.parse("r8i4"), 64)
+    key = torch.randn(64)
+    k_cache = key.expand(2, 16, 1, 64).contiguous()
+    rows = torch.full((2, 1, layout.row_bytes), 0xAB, dtype=torch.uint8, device=device)
+    ops.build_summaries(k_cache.to(device), torch.tensor([1], dtype=torch.int32, device=device), rows, layout)
+    summary = unpack_summaries(rows[1].cpu(), layout)
+    assert torch.count_nonzero(summary.coefficients) == 0 and torch.count_nonzero(summary.basis) == 0
+    assert torch.allclose(summary.centroid[0], key, atol=key.abs().max().item() / 127)
+    assert bool((rows[0] == 0xAB).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("fmt", "head_dim", "dtype", "num_kv_heads", "num_pages", "low_rank"), [
+    ("r8i4", 128, torch.bfloat16, 3, 4, None),  # 15 (block, head) items: the last tile is partial
+    ("r8fp", 64, torch.float32, 1, 2, None),  # 3 items, one of them a skipped block id
+    ("r4i8", 64, torch.float32, 2, 3, 4),
+])
+def test_build_with_several_pages_per_program(device, fmt, head_dim, dtype, num_kv_heads, num_pages, low_rank,
+                                              monkeypatch):
+    """Two pages per program on a small case: tiles mix heads, blocks and -1 ids, and stop sweeping together."""
+    from locks_toolkit.kernels.build import kernel as build
+
+    monkeypatch.setattr(build, "SMALL_BUILD_ITEMS", 0)
+    monkeypatch.setattr(build, "PAGES_PER_PROGRAM", 2)  # the tuning option the kernel bench can try
+    assert build.build_tile(1) == 2
+    result = check_build(device, fmt, head_dim, dtype, fresh_seed(), low_rank=low_rank,
+                         num_kv_heads=num_kv_heads, num_pages=num_pages)
+    print(result)
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("fmt", "dtype"), [("r8i4", torch.bfloat16), ("r4fp", torch.float32)])
+def test_one_launch_builds_every_layer_like_per_layer_builds(device, fmt, dtype):
+    """build_summaries_layers over 3 layers (own keys each) writes exactly what 3 build_summaries calls write,
+    and only the rows of the given blocks (a -1 id is skipped)."""
+    from locks_toolkit.kernels import ops
+    from locks_toolkit.kernels.build.packing import SummaryLayout
+    from locks_toolkit.kernels.config import SummaryFormat
+
+    gen = torch.Generator().manual_seed(fresh_seed())
+    layout = SummaryLayout(SummaryFormat.parse(fmt), 64)
+    caches = [(torch.randn((5, 16, 2, 64), generator=gen) * 3).to(dtype).to(device) for _ in range(3)]
+    rows = [torch.full((5, 2, layout.row_bytes), 0xCD, dtype=torch.uint8, device=device) for _ in range(3)]
+    expected = [r.clone() for r in rows]
+    ids = torch.tensor([3, -1, 0], dtype=torch.int32, device=device)
+    for k, want in zip(caches, expected):
+        ops.build_summaries(k, ids, want, layout)
+    ops.build_summaries_layers(ops.layer_tables(caches, rows, layout), ids, layout)
+    for got, want in zip(rows, expected):
+        assert torch.equal(got.cpu(), want.cpu())
+    assert bool((rows[1][[1, 2, 4]] == 0xCD).all())
+
+
+def test_layer_tables_refuse_mismatched_layers():
+    from locks_toolkit.kernels import ops
+    from locks_toolkit.kernels.build.packing import SummaryLayout
+    from locks_toolkit.kernels.config import SummaryFormat
+
+    layout = SummaryLayout(SummaryFormat.parse("r8i4"), 64)
+    rows = [torch.zeros((5, 2, layout.row_bytes), dtype=torch.uint8) for _ in range(2)]
+    caches = [torch.zeros((5, 16, 2, 64)), torch.zeros((6, 16, 2, 64))]
+    with pytest.raises(ValueError, match="layer 0"):
+        ops.layer_tables(caches, rows, layout)
