@@ -221,6 +221,14 @@ def transposed_fits(tuning: _ss.ScoreTuning, rc: RowConstants, head_dim: int) ->
             and tuning.tile * next_pow2(rc.rank) >= 16)
 
 
+def score_kernel_name(q, summary_rows, layout: SummaryLayout, group: int, tuning: _ss.ScoreTuning) -> str:
+    """The score kernel `_launch_score` runs for this call under `tuning`: "cuda", "transposed" or "pages"."""
+    rc = RowConstants.of(layout)
+    if tuning.cuda and _cuda_score.fits(q, summary_rows, rc, group) is None:
+        return "cuda"
+    return "transposed" if transposed_fits(tuning, rc, q.shape[-1]) else "pages"
+
+
 def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning=_ss.DEFAULT_TUNING) -> int:
     """Kernel 1 of score_select (arguments already checked); returns the chunk count. The kernel bench times it alone."""
     num_seqs, num_q_heads, head_dim = q.shape

@@ -15,6 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from ..kernels.vllm_backend.settings import BackendSettings
 from .errors import fail, stderr_console
 
 app = typer.Typer(help="Speed: matched-pair engine sessions and kernel profiles.", no_args_is_help=True)
@@ -165,13 +166,12 @@ def _dry_run(plan, as_json: bool) -> None:
 
 def _run(plan, as_json: bool) -> None:
     from ..harness.detach import COMMAND_ENV, DETACHED_ENV
-    from ..harness.runner import HarnessError, preflight, run_plan
     from ..harness.provenance import reproduce_command
+    from ..harness.run_state import RunBusy, read_status_file, store_is_locked
+    from ..harness.runner import HarnessError, preflight, run_plan
     from ..harness.store import cell_key, read_records
     from ..kernels.config import ConfigError
     from ..reports.render import render_decode_run
-
-    from ..harness.run_state import RunBusy, read_status_file, store_is_locked
 
     try:
         preflight(plan)  # before the live table, so a setup error is one clean line
@@ -385,10 +385,16 @@ def kernel(
     combine: str = typer.Option("share_average", help="GQA combine: share_average, group_max, group_mass."),
     replays: int = typer.Option(20, help="Timed CUDA-graph replays per stage."),
     seed: Optional[int] = typer.Option(None, help="Seed of the correctness check and the random data."),
+    select: str = typer.Option(BackendSettings.select, help="Selection path as the backend's `select` setting: auto (by block-table "
+                               "width, as deployed), one or four."),
+    scorer_kernel: str = typer.Option(BackendSettings.scorer_kernel, "--scorer-kernel", help="Score kernel as the backend's `scorer_kernel` "
+                                      "setting: cuda (deployed; Triton transposed where it declines), transposed, pages."),
+    pdl: bool = typer.Option(BackendSettings.pdl, "--pdl/--no-pdl", help="Programmatic dependent launch, as the backend's `pdl`."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSONL file the records are appended to."),
     as_json: bool = typer.Option(False, "--json", help="Print the records as a JSON array instead of markdown."),
 ) -> None:
-    """Kernel profile per layer: build, score, select, sparse decode, Locks step and dense baselines vs the byte floor."""
+    """Kernel profile per layer of the kernels the backend runs (its settings resolved as it resolves them): build,
+    score, select, sparse decode, Locks step and dense baselines vs the byte floor; each record names the kernels."""
     from ..harness.lab.kernel_bench import KernelBenchConfig, markdown_table, run_kernel_bench
     from ..harness.provenance import reproduce_command
     from ..harness.store import append_record
@@ -398,7 +404,7 @@ def kernel(
     try:
         cfg = KernelBenchConfig(preset=preset, contexts=parse_size_list(contexts), batch_sizes=parse_size_list(batch),
                                 budget_tokens=budget, summary_format=summary_format, combine=combine, replays=replays,
-                                seed=seed)
+                                seed=seed, select=select, scorer_kernel=scorer_kernel, pdl=pdl)
         records = run_kernel_bench(cfg, reproduce_command(), sink=(lambda r: append_record(out, r)) if out else None)
     except ConfigError as exc:
         raise fail(str(exc), "see `locks bench kernel --help`") from None
@@ -424,8 +430,8 @@ def trace(
     out: Path = typer.Option(Path("runs/trace"), "--out", help="Folder for trace.jsonl and the chrome trace."),
 ) -> None:
     """Where one arm's decode step goes: kernel time, idle time and the costliest kernels per step (torch.profiler)."""
-    from ..harness.plan import load_plan
     from ..harness.lab.step_trace import markdown, trace_arm
+    from ..harness.plan import load_plan
     from ..harness.store import append_record
     from ..harness.workload import parse_size
     from ..kernels.config import ConfigError

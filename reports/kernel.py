@@ -35,6 +35,9 @@ def _rows(record: Record) -> list[dict]:
     geometry = str(cell.get("geometry") or cell.get("preset") or dig(record, "geometry", "name", default="?"))
     if cell.get("format"):
         geometry += f" {cell['format']}"
+    settings = [f"{key}={str(cell[key]).lower()}" for key in ("select", "scorer_kernel", "pdl") if key in cell]
+    if settings:  # a cell names only the backend settings that differ from the deployed ones
+        geometry += f" [{','.join(settings)}]"
     base = {
         "geometry": geometry,
         "context_tokens": int(cell.get("context_tokens") or 0),
@@ -45,6 +48,8 @@ def _rows(record: Record) -> list[dict]:
         "date": str(dig(record, "provenance", "date", default="")),
         "speedup_vs_dense": _num(record.get("speedup_vs_dense")),
         "best_dense": str(record.get("best_dense") or ""),
+        # the code paths timed (records from before the bench named them: blank)
+        "kernels": " / ".join(str(dig(record, "kernels", key)) for key in ("score", "select")) if record.get("kernels") else "",
     }
     if isinstance(record.get("timings_us"), dict):
         stages = {name: (_num(t), record.get("bytes", {}).get(name), dig(record, "floor_us", name),
@@ -104,15 +109,19 @@ def render_kernel(frame: pd.DataFrame, notes: md.Notes) -> str:
     for geometry, group in frame.groupby("geometry", sort=True):
         stages = sorted((s for s in group["stage"].unique() if s != WHOLE_CELL), key=stage_rank) or [WHOLE_CELL]
         with_speedup = group["speedup_vs_dense"].notna().any()
+        with_kernels = (group["kernels"] != "").any()
         rows = []
         for (context, batch, budget), cells in group.groupby(ROW_KEYS[1:], sort=True):
             row = [md.fmt_tokens(context), str(batch), str(budget)] + [_stage_cell(cells, s, notes) for s in stages]
+            if with_kernels:
+                row.append(cells.iloc[0]["kernels"] or md.DASH)
             if with_speedup:
                 first = cells.iloc[0]
                 best = f" ({first['best_dense']})" if first["best_dense"] else ""
                 row.append(md.fmt_ratio(first["speedup_vs_dense"]) + (best if not md.missing(first["speedup_vs_dense"]) else ""))
             rows.append(row)
         header = ["Context", "Batch", "Budget"] + ["stages" if s == WHOLE_CELL else s for s in stages]
+        header += ["Kernels (score / select)"] if with_kernels else []
         header += ["Speedup vs best dense"] if with_speedup else []
         parts += ["", f"### {geometry}", "", md.table(header, rows)]
     return "\n".join(parts)

@@ -10,7 +10,7 @@ import pandas as pd
 from . import markdown as md
 from .records import Record, dig, status_of
 
-RUN_KEYS = ["model", "context_tokens", "combine"]  # one table each; blank when the records do not say
+RUN_KEYS = ["model", "context_tokens", "combine", "engine"]  # one table each; blank when the records do not say
 KEYS = RUN_KEYS + ["budget_tokens", "selector_label"]
 # metric -> (column header, how records combine, digits). "pooled": over every (record, layer, step, query
 # head) sample, weighted by each record's sample count: the number the microscope's terminal table shows.
@@ -49,6 +49,7 @@ def _row(record: Record) -> dict:
         "model": str(cell.get("model") or ""),
         "context_tokens": int(cell.get("context_tokens") or 0),
         "combine": str(cell.get("combine") or ""),
+        "engine": str(cell.get("engine") or "transformers"),  # the cell names another engine only
         "budget_tokens": int(cell.get("budget_tokens") or 0),
         "selector_label": md.with_format(str(cell.get("selector") or "?"), cell.get("format")),
         "layer": int(cell["layer"]) if cell.get("layer") is not None else -1,
@@ -103,12 +104,14 @@ def _combine(ok: pd.DataFrame, metric: str, how: str) -> float:
     return float(getattr(values, how)())
 
 
-def run_title(model: str, context_tokens: int, combine: str) -> str:
+def run_title(model: str, context_tokens: int, combine: str, engine: str = "transformers") -> str:
     parts = [model or "model not recorded"]
     if context_tokens:
         parts.append(f"@ {md.fmt_tokens(context_tokens)}")
     if combine:
         parts.append(f"combine {combine}")
+    if engine != "transformers":
+        parts.append(f"(captured in {engine} with the Locks backend)")
     return " ".join(parts)
 
 

@@ -300,7 +300,7 @@ def plot_microscope(micro: pd.DataFrame, path: Path, caption: str = "") -> Path 
     panels = [("gamma", "captured mass γ"), ("recall", "recall of the oracle's pages"),
               ("needle_retention", "needle pages kept"), ("score_err_p95", "score error p95 (p50 dotted)")]
     fig, axes = plt.subplots(len(runs), len(panels), figsize=(4.2 * len(panels), 3.6 * len(runs)), squeeze=False)
-    for row, ((model, context, combine), group) in zip(axes, runs):
+    for row, ((model, context, combine, engine), group) in zip(axes, runs):
         budgets = sorted(group["budget_tokens"].unique())
         for ax, (metric, label) in zip(row, panels):
             for selector, line in group.groupby("selector_label", sort=True):
@@ -315,8 +315,8 @@ def plot_microscope(micro: pd.DataFrame, path: Path, caption: str = "") -> Path 
             ax.set_xlabel("budget (tokens)")
             ax.set_ylabel(label)
             ax.grid(True, alpha=0.3)
-            ax.set_title(_wrap(f"{model or 'model ?'} @ {md.fmt_tokens(context)}" + (f", {combine}" if combine else "")),
-                         fontsize=8)
+            ax.set_title(_wrap(f"{model or 'model ?'} @ {md.fmt_tokens(context)}" + (f", {combine}" if combine else "")
+                               + (f", {engine} capture" if engine != "transformers" else "")), fontsize=8)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=7)
     return _save(plt, fig, path, caption)

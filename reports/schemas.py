@@ -37,8 +37,10 @@ locks.bench.decode/2  (one per (arm, model, context, batch) session; version 1 i
     path_check    {required, ok, counters{}}     the sparse path really ran
 
 locks.bench.kernel/1  (one per (preset, context, batch): harness/lab/kernel_bench.py)
-    cell          {preset (or geometry), context_tokens, batch_size, budget_tokens, format, combine}
+    cell          {preset (or geometry), context_tokens, batch_size, budget_tokens, format, combine, and select,
+                   scorer_kernel, pdl where they differ from the backend's defaults}
     timings_us    {stage: {mean_us, ...}};  bytes, floor_us, floor_fraction: {stage: number}
+    kernels       {score: cuda | transposed | pages, select: one | four, pdl}: the code paths timed; tuning
     best_dense, speedup_vs_dense
   also read: one record per stage, cell.stage + us_per_layer, bytes, floor_us, floor_fraction
 
@@ -55,7 +57,7 @@ locks.microscope/1  (one per (selector, format, budget, layer, record))
 
 from __future__ import annotations
 
-from ..harness.record_schemas import (  # noqa: F401  (the report's names for them)
+from ..harness.record_schemas import (
     CURRENT_SCHEMAS as KNOWN_SCHEMAS,
     DECODE,
     EVAL,
@@ -65,3 +67,6 @@ from ..harness.record_schemas import (  # noqa: F401  (the report's names for th
     KERNEL,
     MICROSCOPE,
 )
+
+# The report's names for the store layer's schema definitions.
+__all__ = ["DECODE", "EVAL", "FLOOR_KV_ONLY", "FLOOR_PRESET", "FLOOR_RECORDED", "KERNEL", "KNOWN_SCHEMAS", "MICROSCOPE"]

@@ -1,12 +1,16 @@
 """The microscope suite: needle prompts -> Gemma-3-270M greedy decode (captured) -> fidelity cells.
 
 The model runs once per prompt; every arm and budget is then evaluated on the captured tensors
-(the engine in `microscope.py`), so adding selectors or budgets costs no model time.
+(the engine in `microscope.py`), so adding selectors or budgets costs no model time. The captures come
+from the transformers engine, or (`engine="vllm"`) from the deployed vLLM engine with the Locks backend
+(`capture_vllm.py`); then the transformers capture of the same prompt is taken too, and each record says
+how far the two engines' queries, keys and values lie apart.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import shlex
 import time
 from collections.abc import Callable
@@ -15,7 +19,7 @@ from dataclasses import dataclass, field
 from ..kernels.config import ConfigError, SelectionConfig, check_combine_rule
 from .microscope import Arm, CapturedRecord, CellResult, capture_output_error, evaluate_record, parse_arms, summarize
 from .model_source import load_transformers, resolve_model_source
-from .models import AttentionGeometry, greedy_decode_capture
+from .models import AttentionGeometry, DecodeCapture, greedy_decode_capture
 from .niah import NiahPrompt, build_niah_suite
 
 logger = logging.getLogger(__name__)
@@ -24,8 +28,9 @@ DEFAULT_SELECTORS = ("oracle", "locks", "quest", "centroid")
 DEFAULT_FORMATS = ("r8i4", "r8fp")
 DEFAULT_BUDGETS = (256, 512)
 MIN_CONTEXT_TOKENS = 256
+ENGINES = ("transformers", "vllm")
 
-# on_progress(stage, completed, total): stages "load model", "prefill + decode", "microscope".
+# on_progress(stage, completed, total): stages "load model", ("vllm capture",) "prefill + decode", "microscope".
 ProgressCallback = Callable[[str, int, int], None]
 
 
@@ -41,6 +46,7 @@ class MicroscopeConfig:
     budgets_tokens: tuple[int, ...] = DEFAULT_BUDGETS
     combine: str = "share_average"
     model: str = "gemma3-270m"  # what `--model` names (suites/model_source.py); real weights through transformers
+    engine: str = "transformers"  # where the decode steps are captured (ENGINES)
 
     def __post_init__(self) -> None:
         from .model_source import resolve_model_source
@@ -64,6 +70,8 @@ class MicroscopeConfig:
             raise ConfigError("no budgets to evaluate; pass e.g. --budgets 256,512")
         if len(set(self.budgets_tokens)) != len(self.budgets_tokens):
             raise ConfigError(f"budgets repeat: {self.budgets_tokens}")
+        if self.engine not in ENGINES:
+            raise ConfigError(f"--engine {self.engine!r} unknown; use one of {', '.join(ENGINES)}")
         check_combine_rule(self.combine)
         for budget in self.budgets_tokens:
             SelectionConfig(budget_tokens=budget, combine=self.combine)  # raises ConfigError naming the fix
@@ -75,6 +83,7 @@ class MicroscopeConfig:
             "locks", "eval", "microscope", "--prompts", str(self.prompts), "--context-tokens", str(self.context_tokens),
             "--steps", str(self.decode_steps), "--seed", str(self.seed), "--selectors", arms,
             "--budgets", ",".join(map(str, self.budgets_tokens)), "--combine", self.combine, "--model", self.model,
+            *(["--engine", self.engine] if self.engine != "transformers" else []),
         ])
 
 
@@ -88,6 +97,9 @@ class RecordInfo:
     capture_output_max_err: float | None
     prefill_seconds: float
     decode_seconds: float
+    # engine="vllm": {"same_tokens", "query_rel_err", "key_rel_err", "value_rel_err", "counters"} against the
+    # transformers capture of the same prompt (max |vllm - transformers| / max |transformers|)
+    engine_agreement: dict | None = None
 
     def to_json(self) -> dict:
         return {
@@ -101,8 +113,9 @@ class RecordInfo:
             "generated": self.generated_text,
             "fullkv_correct": self.fullkv_correct,
             "capture_output_max_err": self.capture_output_max_err,
-            "prefill_s": round(self.prefill_seconds, 3),
+            "prefill_s": None if math.isnan(self.prefill_seconds) else round(self.prefill_seconds, 3),
             "decode_s": round(self.decode_seconds, 3),
+            **({"engine_agreement": self.engine_agreement} if self.engine_agreement is not None else {}),
         }
 
 
@@ -155,8 +168,20 @@ def run_microscope(config: MicroscopeConfig, on_progress: ProgressCallback | Non
     infos: list[RecordInfo] = []
     start = time.perf_counter()
     report("prefill + decode", 0, len(prompts))
+    engine_captures = None
+    if config.engine == "vllm":
+        start = time.perf_counter()
+        report("vllm capture", 0, 1)
+        engine_captures = _vllm_captures(config, loaded, prompts)
+        report("vllm capture", 1, 1)
+        seconds["vllm capture"] = time.perf_counter() - start
     for i, prompt in enumerate(prompts):
         capture = greedy_decode_capture(loaded, prompt.token_ids, config.decode_steps)
+        agreement = None
+        if engine_captures is not None:
+            engine_capture, engine_info = engine_captures[i]
+            agreement = {**capture_agreement(engine_capture, capture), "counters": engine_info["counters"]}
+            capture = engine_capture
         text = loaded.tokenizer.decode(capture.generated_ids, skip_special_tokens=True)
         record = CapturedRecord(
             record_id=prompt.record_id,
@@ -175,6 +200,7 @@ def run_microscope(config: MicroscopeConfig, on_progress: ProgressCallback | Non
             capture_output_max_err=capture_output_error(record, geometry.scale),
             prefill_seconds=capture.prefill_seconds,
             decode_seconds=capture.decode_seconds,
+            engine_agreement=agreement,
         )
         logger.info("%s: %d tokens, needle pages %s, FullKV answer %r (%s)", prompt.record_id, prompt.num_tokens,
                     list(prompt.carrier_pages()), text, "correct" if info.fullkv_correct else "WRONG")
@@ -200,3 +226,32 @@ def run_microscope(config: MicroscopeConfig, on_progress: ProgressCallback | Non
         cells.extend(evaluate_record(record, config.arms, config.budgets_tokens, geometry.scale, config.combine, step_done))
     seconds["microscope"] = time.perf_counter() - start
     return MicroscopeRun(config, source, geometry, infos, cells, seconds)
+
+
+def _vllm_captures(config: MicroscopeConfig, loaded, prompts: list[NiahPrompt]):
+    """Every prompt's decode steps captured in vLLM with the Locks backend (the GPU when there is one)."""
+    import torch
+
+    from .capture_vllm import vllm_decode_captures
+    from .model_source import vllm_model_dir
+
+    model_dir = vllm_model_dir(resolve_model_source(config.model), loaded=loaded)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    geometry = loaded.geometry
+    return vllm_decode_captures(model_dir, [list(p.token_ids) for p in prompts], config.decode_steps,
+                                geometry.global_layers, geometry.group_size, device)
+
+
+def capture_agreement(engine: DecodeCapture, reference: DecodeCapture) -> dict:
+    """How far one engine's capture of a prompt lies from another's: the same greedy tokens, and the largest
+    difference of queries, keys and values relative to the reference's largest magnitude."""
+
+    def rel(a, b) -> float | None:
+        if a.shape != b.shape:
+            return None
+        scale = float(b.abs().max())
+        return float((a.float() - b.float()).abs().max()) / scale if scale > 0 else 0.0
+
+    return {"same_tokens": list(engine.generated_ids) == list(reference.generated_ids),
+            "query_rel_err": rel(engine.queries, reference.queries), "key_rel_err": rel(engine.keys, reference.keys),
+            "value_rel_err": rel(engine.values, reference.values)}

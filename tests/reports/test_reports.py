@@ -19,7 +19,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import check_golden
-
 from locks_toolkit.reports import markdown as md
 from locks_toolkit.reports.compare import ratios
 from locks_toolkit.reports.decode import decode_frame, latest_runs, render_ladder
@@ -277,6 +276,20 @@ def test_kernel_stages_are_exploded_from_the_bench_record():
     assert frame.loc[(1048576, 4, "*"), "status"] == "oom"  # a failed cell has no stages, one row
     table = render_kernel(kernel_frame(records("kernel")), md.Notes())
     assert "| 1m | 1 | 2048 | 1950.0 (8%) | 41.0 (73%) |" in table and "5.00× (flashinfer)" in table  # 290 / 58
+
+
+def test_kernel_rows_name_the_kernels_a_cell_timed():
+    import copy
+
+    stored = records("kernel")
+    assert "Kernels" not in render_kernel(kernel_frame(stored), md.Notes())  # records that do not say: no column
+    named = copy.deepcopy(stored)
+    for record in named:
+        record["kernels"] = {"score": "cuda", "select": "four" if record["cell"]["context_tokens"] >= 1 << 20 else "one",
+                             "pdl": False}
+    table = render_kernel(kernel_frame(named), md.Notes())
+    assert "| Kernels (score / select) |" in table
+    assert "| 1m | 1 | 2048 | 1950.0 (8%) | 41.0 (73%) |" in table and "| cuda / four |" in table
 
 
 def test_kernel_floor_fraction_derived_when_missing():

@@ -2,16 +2,16 @@
 
 import json
 import os
+from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
+from locks_toolkit.kernels.config import ConfigError
 from locks_toolkit.locks_cli.main import app
 from locks_toolkit.suites import model_source
 from locks_toolkit.suites.eval_runner import EvalConfig, EvalConfigError, check_model
 from locks_toolkit.suites.fidelity import MicroscopeConfig
 from locks_toolkit.suites.model_source import resolve_model_source, vllm_model_dir
-from locks_toolkit.kernels.config import ConfigError
+from typer.testing import CliRunner
 
 
 def test_each_form_of_model_resolves_to_its_kind(tmp_path):
@@ -57,6 +57,49 @@ def test_a_gguf_converts_once_and_again_after_it_changes(tmp_path, monkeypatch):
     os.utime(gguf, ns=(gguf.stat().st_atime_ns, gguf.stat().st_mtime_ns + 10**9))
     assert vllm_model_dir(source, tmp_path / "cache") != first and len(exported) == 2  # an edited file converts again
     assert first.name.startswith("m-") and first.parent == tmp_path / "cache" / "locks-toolkit" / "gguf-hf"
+
+
+def test_a_gguf_is_dequantized_once_and_later_loads_read_the_kept_folder(tmp_path, monkeypatch):
+    import torch
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF v1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    loads, exported = [], []
+
+    def fake_load(folder, gguf_name, source, dtype):
+        loads.append((Path(folder), gguf_name))
+        return f"model from {gguf_name or Path(folder).name}"
+
+    def fake_export(loaded, target):
+        exported.append(target)
+        target.mkdir(parents=True)
+        (target / "config.json").write_text("{}")
+        return target
+
+    monkeypatch.setattr(model_source, "load_hf_model", fake_load)
+    monkeypatch.setattr(model_source, "export_hf_dir", fake_export)
+    source = resolve_model_source(str(gguf))
+    assert model_source.load_transformers(source) == "model from m.gguf" and exported == [model_source.converted_dir(gguf)]
+    assert model_source.load_transformers(source) == f"model from {exported[0].name}"  # the folder, not the GGUF
+    assert loads[1] == (exported[0], None) and len(exported) == 1
+    assert vllm_model_dir(source) == exported[0]  # vLLM reads the same folder
+    model_source.load_transformers(source, torch.bfloat16)
+    assert len(exported) == 1  # another dtype reads the kept fp32 folder and exports nothing
+
+
+def test_a_cache_that_cannot_be_written_only_costs_the_next_load_its_time(tmp_path, monkeypatch, caplog):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF v1")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(model_source, "load_hf_model", lambda folder, name, source, dtype: "loaded")
+
+    def full(loaded, target):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(model_source, "export_hf_dir", full)
+    assert model_source.load_transformers(resolve_model_source(str(gguf))) == "loaded"
+    assert "could not keep the dequantized m.gguf" in caplog.text
 
 
 def test_engines_refuse_what_they_cannot_load_before_any_work(tmp_path):

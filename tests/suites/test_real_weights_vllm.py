@@ -5,8 +5,8 @@ with a budget that can hold the needle's pages must give FullKV's answers; Locks
 recent page (the needle's pages cannot be selected) must lose them, so the test can fail both ways.
 Gemma-3's sliding-window layers run stock (counted); its 3 global layers (d = 256, G = 4, one KV head) run
 the Locks path. The needle sits > 1000 tokens before the question, outside the 512-token sliding window,
-so only the global layers can read it. Each engine runs in a subprocess of its own (vLLM loads plugins
-once per process), configured by the harness's own arms.
+so only the global layers can read it. Each arm runs in a subprocess of its own (vLLM loads plugins once
+per process), configured by the harness's own arms; the two Locks budgets are two engines of one process.
 """
 
 from __future__ import annotations
@@ -24,31 +24,39 @@ CONTEXT, DEPTH, SEEDS, NEW_TOKENS = 1536, 0.2, (0, 1, 2), 10
 WIDE, SINK_AND_RECENT = 512, 32  # tokens: 32 pages (the needle's 2 fit), 2 pages (only sink + recent)
 
 
-def _generate(model_dir: str, arm_name: str, budget: int | None, prompts: list[list[int]]) -> dict:
-    """In this (fresh) process: one engine of `arm_name`, greedy tokens for every prompt + Locks counters."""
+def _generate(model_dir: str, arm_name: str, budgets: list[int | None], prompts: list[list[int]]) -> list[dict]:
+    """In this (fresh) process: one engine of `arm_name` per budget, one after another; greedy tokens for
+    every prompt + the Locks counters of each."""
+    import gc
+
     from locks_toolkit.harness.arms import SparseKnobs, get_arm
 
     arm = get_arm(arm_name)
-    knobs = None if budget is None else SparseKnobs(budget)
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", TORCHDYNAMO_DISABLE="1",
-                      **arm.environment(knobs, None))
+                      **arm.environment(None if budgets[0] is None else SparseKnobs(budgets[0]), None))
+    from locks_toolkit.kernels.vllm_backend import counters
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from locks_toolkit.kernels.vllm_backend import counters
+    results = []
+    for budget in budgets:
+        knobs = None if budget is None else SparseKnobs(budget)
+        llm = LLM(model_dir, dtype="float32", max_model_len=2048, max_num_batched_tokens=2048, enforce_eager=True,
+                  enable_prefix_caching=False, seed=0, **arm.engine_kwargs(knobs))
+        counters.reset()
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts],
+                               SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS), use_tqdm=False)
+        results.append({"tokens": [list(o.outputs[0].token_ids) for o in outputs],
+                        "text": [o.outputs[0].text for o in outputs], "counters": counters.snapshot()})
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+    return results
 
-    llm = LLM(model_dir, dtype="float32", max_model_len=2048, max_num_batched_tokens=2048, enforce_eager=True,
-              enable_prefix_caching=False, seed=0, **arm.engine_kwargs(knobs))
-    counters.reset()
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts],
-                           SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS), use_tqdm=False)
-    return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "text": [o.outputs[0].text for o in outputs],
-            "counters": counters.snapshot()}
 
-
-def _engine(model_dir, arm_name, budget, prompts) -> dict:
+def _engines(model_dir, arm_name, budgets, prompts) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "LOCKS_VLLM_CPU"}
-    proc = subprocess.run([sys.executable, __file__, model_dir, arm_name, json.dumps(budget), json.dumps(prompts)],
+    proc = subprocess.run([sys.executable, __file__, model_dir, arm_name, json.dumps(budgets), json.dumps(prompts)],
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")][-1]
@@ -58,16 +66,15 @@ def _engine(model_dir, arm_name, budget, prompts) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     import torch
-
-    from locks_toolkit.suites.model_source import gguf_file, resolve_model_source, vllm_model_dir
-    from locks_toolkit.suites.model_source import load_gemma3_270m
+    from locks_toolkit.suites.model_source import gguf_file, load_gemma3_270m, resolve_model_source, vllm_model_dir
     from locks_toolkit.suites.niah import build_niah_prompt
 
     loaded = load_gemma3_270m(torch.float32)
     # `--model <file>.gguf`'s path: the package's GGUF as a local file, converted once into the folder vLLM loads
+    # (the folder the load above keeps, so it is not written twice)
     gguf = resolve_model_source(str(gguf_file(resolve_model_source("gemma3-270m"))))
     assert gguf.kind == "gguf"
-    model_dir = str(vllm_model_dir(gguf, tmp_path_factory.mktemp("cache"), loaded))
+    model_dir = str(vllm_model_dir(gguf, loaded=loaded))
     needles = [build_niah_prompt(loaded.tokenizer, CONTEXT, seed, depth=DEPTH) for seed in SEEDS]
     prompts = [list(p.token_ids) for p in needles]
     reference = []
@@ -79,9 +86,8 @@ def runs(tmp_path_factory):
     return {
         "needles": needles,
         "transformers": reference,
-        "fullkv": _engine(model_dir, "cpu", None, prompts),
-        "wide": _engine(model_dir, "locks-cpu", WIDE, prompts),
-        "narrow": _engine(model_dir, "locks-cpu", SINK_AND_RECENT, prompts),
+        "fullkv": _engines(model_dir, "cpu", [None], prompts)[0],
+        **dict(zip(("wide", "narrow"), _engines(model_dir, "locks-cpu", [WIDE, SINK_AND_RECENT], prompts))),
     }
 
 
@@ -108,5 +114,5 @@ def test_locks_without_room_for_the_needle_loses_the_answers(runs):
 
 
 if __name__ == "__main__":
-    model, arm, budget, prompt_ids = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
-    print("RESULT " + json.dumps(_generate(model, arm, budget, prompt_ids)))
+    model, arm, budgets, prompt_ids = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
+    print("RESULT " + json.dumps(_generate(model, arm, budgets, prompt_ids)))

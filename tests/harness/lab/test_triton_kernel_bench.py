@@ -59,3 +59,59 @@ def test_cli_refuses_without_gpu():
     result = CliRunner().invoke(app, ["bench", "kernel", "--contexts", "32k", "--batch", "1"])
     assert result.exit_code == 2
     assert "needs a CUDA GPU" in result.output
+
+
+@pytest.mark.parametrize("table_pages, path", [(2048 + 1, "one"), (65536 + 1, "four")])
+def test_the_bench_times_the_kernels_the_backend_resolves(table_pages, path):
+    """Defaults are the backend's settings, resolved by the backend's own code: the CUDA scorer (Triton transposed
+    where it declines) and the selection path of the block table's width."""
+    from locks_toolkit.kernels.config import select_path_for
+    from locks_toolkit.kernels.score.pages import DEFAULT_TUNING
+    from locks_toolkit.kernels.vllm_backend.kernel_ops import TritonOps
+    from locks_toolkit.kernels.vllm_backend.settings import BackendSettings
+
+    cfg = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,))
+    tuning = kb.resolve_tuning(cfg, table_pages)
+    settings = BackendSettings()
+    assert tuning == TritonOps(settings.select, settings.pdl, settings.scorer_kernel).tuning_for(table_pages)
+    assert tuning.cuda and tuning.transposed and tuning != DEFAULT_TUNING  # not the kernel-level defaults
+    assert tuning.select_path == path == select_path_for("auto", table_pages)
+    pinned = kb.resolve_tuning(kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,),
+                                                    select="four", scorer_kernel="pages"), table_pages)
+    assert pinned.select_path == "four" and not pinned.cuda and not pinned.transposed
+
+
+def test_the_record_names_the_score_kernel_that_takes_the_call():
+    """Off sm_90 (here: the CPU) the CUDA kernel declines and the transposed Triton kernel runs; a format
+    without int4 words runs the pages kernel."""
+    from locks_toolkit.kernels.build.packing import SummaryLayout as Layout
+
+    cfg = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,))
+    tuning = kb.resolve_tuning(cfg, 2048)
+    q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
+    r8i4 = Layout(SummaryFormat.parse("r8i4"), 128)
+    rows = torch.zeros(8, 4, r8i4.row_bytes, dtype=torch.uint8)
+    assert kb.kernels_that_run(q, rows, r8i4, 8, tuning) == {"score": "transposed", "select": "one", "pdl": False}
+    r8i8 = Layout(SummaryFormat.parse("r8i8"), 128)
+    rows8 = torch.zeros(8, 4, r8i8.row_bytes, dtype=torch.uint8)
+    assert kb.kernels_that_run(q, rows8, r8i8, 8, tuning)["score"] == "pages"
+
+
+def test_unknown_kernel_settings_are_refused_with_the_choices():
+    with pytest.raises(ConfigError, match="select 'three' unknown; use one of auto"):
+        kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,), select="three")
+    with pytest.raises(ConfigError, match="scorer kernel 'lean' unknown"):
+        kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,), scorer_kernel="lean")
+
+
+def test_a_cell_names_only_the_settings_that_differ_from_the_deployed_ones():
+    deployed = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,))
+    assert kb.kernel_settings(deployed) == {}
+    other = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,), select="four", pdl=True)
+    assert kb.kernel_settings(other) == {"select": "four", "pdl": True}
+    from locks_toolkit.reports.kernel import kernel_frame
+
+    record = {"schema": "locks.bench.kernel/1", "status": "ok", "us_per_layer": 8.0,
+              "cell": {"preset": "glm4-9b-1m", "format": "r8i4", "context_tokens": 1024, "batch_size": 1,
+                       "budget_tokens": 256, "stage": "score", **kb.kernel_settings(other)}}
+    assert kernel_frame([record]).iloc[0]["geometry"] == "glm4-9b-1m r8i4 [select=four,pdl=true]"

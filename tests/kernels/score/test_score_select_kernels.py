@@ -18,7 +18,14 @@ from locks_toolkit.kernels.checks import (
 )
 from locks_toolkit.kernels.config import SummaryFormat
 from locks_toolkit.kernels.ops import transposed_fits
-from locks_toolkit.kernels.score.pages import ScoreTuning, _nibble_value, _paired_codes, _word_codes, word_decode_fits
+from locks_toolkit.kernels.score.pages import (
+    SCORER_KERNELS,
+    ScoreTuning,
+    _nibble_value,
+    _paired_codes,
+    _word_codes,
+    word_decode_fits,
+)
 from locks_toolkit.kernels.score.transposed import _q_shifts
 from locks_toolkit.kernels.testing import fresh_seed
 from locks_toolkit.kernels.triton_common import RowConstants
@@ -106,21 +113,12 @@ WORD_CASES = [
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", WORD_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-{c.combine}")
-@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
-def test_word_decode_path_matches_reference(device, case, q_dtype):
-    """The scorer's 32-bit-word int4 path (a ScoreTuning variant) selects what the reference selects
-    (bf16 queries take the two-codes-per-operation decode on the GPU; the interpreter runs fp32 dots)."""
+def test_word_decode_path_matches_reference_on_bf16_queries(device, case):
+    """The default scorer's 32-bit-word int4 path on the queries the engine passes, bf16 (the select cases
+    above run fp32 queries; bf16 queries take the two-codes-per-operation decode on the GPU, the interpreter
+    runs fp32 dots)."""
     assert word_decode_fits(4, case.head_dim, 0, 0)
-    result = check_score_select(device, case, fresh_seed(), q_dtype=q_dtype, tuning=ScoreTuning(word_nibbles=True))
-    assert result.ok, str(result)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", [SELECT_CASES[0], SELECT_CASES[2], SELECT_CASES[4], SELECT_CASES[10]],
-                         ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}")
-def test_vector_coefficient_loads_match_reference(device, case):
-    """The scorer's vector coefficient path (a ScoreTuning variant) on int4, int8 and fp16 formats, ranks 2-8."""
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(coef_vector=True))
+    result = check_score_select(device, case, fresh_seed(), q_dtype=torch.bfloat16)
     assert result.ok, str(result)
 
 
@@ -128,8 +126,8 @@ def test_vector_coefficient_loads_match_reference(device, case):
 @pytest.mark.parametrize("tuning", SCORER_VARIANTS, ids=lambda t: f"w{t.warps}-p{t.tile}" + ("-mma" if t.coef_mma else "-fma"))
 @pytest.mark.parametrize("case", [SELECT_CASES[0], SELECT_CASES[1], SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.fmt}-n{sum(c.seq_lens)}")
 def test_scorer_variants_select_what_the_reference_selects(device, tuning, case):
-    """The scorer's non-default paths (FMA coefficient contraction, a wide launch shape)
-    on int4 / int8 formats; the default (tensor-core contraction, one warp, 4-page tiles) runs in every other test."""
+    """The pages scorer's FMA coefficient contraction (where the tensor-core one does not apply) on int4 / int8
+    formats; the default (tensor-core contraction, one warp, 4-page tiles) runs in every other test."""
     result = check_score_select(device, case, fresh_seed(), tuning=tuning)
     assert result.ok, str(result)
 
@@ -161,14 +159,19 @@ def test_one_launch_select_matches_reference(device, case):
     assert result.ok, str(result)
 
 
+# The tail's cases: several sequences with partial pages and a dense one, every sequence dense, all scores
+# tied (one page, and 700 pages over many chunks), G not a power of two, near-flat pages (keys in a few bins).
+TAIL_CASES = [SELECT_CASES[0], SELECT_CASES[5], SELECT_CASES[6], SELECT_CASES[7], SELECT_CASES[18], SELECT_CASES[20]]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ROW_CASES, ids=_case_id)
+@pytest.mark.parametrize("case", TAIL_CASES, ids=_case_id)
 @pytest.mark.parametrize("block,compact", [(16, 1), (16, 256)])
 def test_one_launch_tail_in_small_steps_matches_reference(device, case, block, compact, monkeypatch):
     """The one-launch path's tail: with 16-key steps every case takes several steps of both passes and the
     prefetch of the next step; compact=1 sends every bin of two pages or more to the binary search over the
     compacted list (flat pages: a bin of one value, no search pass), 256 (the production size) resolves the
-    bin in registers. (The production step, 2048 keys, is one step here: the test above.)"""
+    bin in registers. (The production step, 2048 keys, is one step here: the test above, on every case.)"""
     from locks_toolkit.kernels.select import one as topk_one
 
     monkeypatch.setattr(topk_one, "LOOP_BLOCK", block)
@@ -178,9 +181,10 @@ def test_one_launch_tail_in_small_steps_matches_reference(device, case, block, c
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", [MANY_PAGES_CASE, SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.combine}-n{sum(c.seq_lens)}")
-@pytest.mark.parametrize("coarse_pick", [True, False])
-@pytest.mark.parametrize("path", ["one", "four"])
+@pytest.mark.parametrize("case, coarse_pick, path", [
+    (MANY_PAGES_CASE, True, "one"), (MANY_PAGES_CASE, False, "four"),  # each pick on each path, once
+    (SELECT_CASES[4], False, "one"), (SELECT_CASES[4], True, "four"),
+], ids=lambda v: f"G{v.group}-n{sum(v.seq_lens)}" if isinstance(v, SelectCase) else str(v))
 def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case, coarse_pick, path):
     """The score grid's chunk normalizers are merged in full when the selection runs over fewer chunks
     (the production default at bs1 on the H200: 128 score chunks, 64 selection chunks); both threshold
@@ -299,7 +303,8 @@ def test_transposed_scorer_selects_what_the_reference_selects(device, tuning, ca
 
 def test_transposed_scorer_runs_where_its_dots_fit():
     """int4 words (d/8 >= 16, a power of two) and a contraction K = tile * next_pow2(r) >= 16."""
-    t2, t4 = TRANSPOSED_VARIANTS
+    (t2,) = TRANSPOSED_VARIANTS
+    t4 = ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4})
     fits = lambda tuning, fmt, d: transposed_fits(tuning, RowConstants.of(SummaryLayout(SummaryFormat.parse(fmt), d)), d)
     assert fits(t2, "r8i4", 128) and fits(t2, "r8i4", 256) and fits(t4, "r4i4", 128)
     assert not fits(t2, "r4i4", 128) and not fits(t4, "r2i4", 256)  # K = 8
