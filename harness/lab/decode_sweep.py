@@ -28,9 +28,9 @@ from ...kernels.decode.kernel import DEFAULT_DECODE, TWO_PAGE_DECODE, DecodeTuni
 from ...kernels.decode.reference import paged_decode_reference
 from ..provenance import collect, reproduce_command
 from ..workload import format_size, parse_size_list
+from .graph_timing import time_graph
 from .kernel_bench import (
     _ContextState,
-    _time_graph,
     add_sweep_arguments,
     pick_variants,
     resolve_geometry,
@@ -92,7 +92,7 @@ def sweep_cell(geom, state: _ContextState, batch: int, budget_tokens: int, repla
         for _ in state.k:
             rest(out)
 
-    rest_us = _time_graph(rest_alone, replays, state.copies)["mean_us"]
+    rest_us = time_graph(rest_alone, replays, state.copies)["mean_us"]
     rows = []
     for tuning in variants:
         ws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev, num_splits=tuning.max_splits)
@@ -121,9 +121,9 @@ def sweep_cell(geom, state: _ContextState, batch: int, budget_tokens: int, repla
                     decode(k, v)
                     rest(out)
 
-            timing = _time_graph(alone, replays, state.copies)
+            timing = time_graph(alone, replays, state.copies)
             row.update(status="ok", alone_us=timing["mean_us"], sd_us=timing["sd_us"], rest_us=rest_us,
-                       in_layer_us=_time_graph(in_layer, replays, state.copies)["mean_us"] - rest_us)
+                       in_layer_us=time_graph(in_layer, replays, state.copies)["mean_us"] - rest_us)
             if profile:
                 row["kernel_us"] = profile_graph(in_layer, replays, state.copies)
         except Exception as exc:  # noqa: BLE001 - a variant that fails to compile or run is reported, not fatal

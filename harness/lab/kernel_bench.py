@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import statistics
 from dataclasses import asdict, dataclass
 
 import torch
@@ -40,6 +39,7 @@ from ...kernels.vllm_backend.kernel_ops import TritonOps
 from ...kernels.vllm_backend.settings import BackendSettings
 from ..record_schemas import KERNEL
 from ..workload import format_size
+from .graph_timing import time_eager, time_graph
 
 log = logging.getLogger(__name__)
 
@@ -150,51 +150,6 @@ def stage_bytes(geom: KernelGeometry, layout: SummaryLayout, seq_len: int, batch
     dense = pairs * seq_len * page_kv // PAGE_SIZE + 2 * q_bytes
     return {"build": build, "score": score, "select": select, "decode": decode,
             "locks_step": score + select + decode, "dense": dense}
-
-
-def capture_graph(fn) -> torch.cuda.CUDAGraph:
-    """fn captured in a CUDA graph after one eager warm-up call (compiles, lazily allocates), replayed 3 times."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    return graph
-
-
-def _time_graph(fn, replays: int, calls_per_replay: int) -> dict:
-    """Capture fn in a CUDA graph, replay it, return per-call µs samples (events around each replay)."""
-    graph = capture_graph(fn)
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
-    for start, end in zip(starts, ends):
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    samples = [1000.0 * s.elapsed_time(e) / calls_per_replay for s, e in zip(starts, ends)]
-    return {"mean_us": statistics.fmean(samples), "sd_us": statistics.stdev(samples), "min_us": min(samples),
-            "n": len(samples), "samples_us": samples, "graph": True}
-
-
-def _time_eager(fn, reps: int) -> dict:
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(reps):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(1000.0 * start.elapsed_time(end))
-    return {"mean_us": statistics.fmean(samples), "sd_us": statistics.stdev(samples) if reps > 1 else 0.0,
-            "min_us": min(samples), "n": reps, "samples_us": samples, "graph": False}
 
 
 class _ContextState:
@@ -374,20 +329,20 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
             ops.sparse_paged_decode(q, k, v, bt, seq_lens, all_pages, scale, out, dense_ws)
 
     n = state.copies
-    timings = {"build": _time_eager(lambda: ops.build_summaries(state.k[0], ids, state.rows[0], layout), reps=3)}
+    timings = {"build": time_eager(lambda: ops.build_summaries(state.k[0], ids, state.rows[0], layout), reps=3)}
     score()  # fills the scores the select stage reads
     for name, fn in (("score", score), ("select", select), ("decode", decode), ("locks_step", step),
                      ("triton_dense", triton_dense)):
-        timings[name] = _time_graph(fn, cfg.replays, n)
+        timings[name] = time_graph(fn, cfg.replays, n)
     # Selection's worst case: zero queries make every page key tie (flat attention, as dummy weights give).
     ops._launch_score(torch.zeros_like(q), state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, sws, tuning)
-    timings["select_flat"] = _time_graph(select, cfg.replays, n)
+    timings["select_flat"] = time_graph(select, cfg.replays, n)
     for name, fn in _dense_baselines(geom, state, batch, q, scale, out).items():
         try:
-            timings[name] = _time_graph(fn, cfg.replays, n)
+            timings[name] = time_graph(fn, cfg.replays, n)
         except Exception as exc:  # noqa: BLE001 - e.g. a baseline that cannot be captured
             log.info("%s not capturable (%s); timing eagerly", name, exc)
-            timings[name] = _time_eager(fn, cfg.replays)
+            timings[name] = time_eager(fn, cfg.replays)
             timings[name]["mean_us"] /= n
             timings[name]["min_us"] /= n
     splits = ops.decode_splits(batch, geom.num_kv_heads, k_pages, dws, torch.cuda.current_device())

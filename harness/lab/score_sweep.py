@@ -24,11 +24,10 @@ from ...kernels.config import PAGE_SIZE, SelectionConfig, SummaryFormat
 from ...kernels.score.pages import DEFAULT_TUNING, SCORER_KERNELS, ScoreTuning
 from ..provenance import collect, reproduce_command
 from ..workload import format_size, parse_size_list
+from .graph_timing import capture_graph, time_graph
 from .kernel_bench import (
     _ContextState,
-    _time_graph,
     add_sweep_arguments,
-    capture_graph,
     pick_variants,
     resolve_geometry,
     sweep_contexts,
@@ -195,7 +194,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
             for i in range(len(state.rows)):
                 work(i, first_pages)
 
-        work_us = _time_graph(work_alone, replays, state.copies)["mean_us"]
+        work_us = time_graph(work_alone, replays, state.copies)["mean_us"]
     rows_out = []
     reference = None
     for tuning in variants:
@@ -222,10 +221,10 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                     ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, ws, tuning)
                     ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
 
-            timing = _time_graph(score, replays, state.copies)
+            timing = time_graph(score, replays, state.copies)
             row.update(chunks=chunks, mean_us=timing["mean_us"], sd_us=timing["sd_us"], status="ok", flat=flat, query_scale=query_scale,
-                       select_us=_time_graph(select, replays, state.copies)["mean_us"],
-                       chained_us=_time_graph(chained, replays, state.copies)["mean_us"])
+                       select_us=time_graph(select, replays, state.copies)["mean_us"],
+                       chained_us=time_graph(chained, replays, state.copies)["mean_us"])
             if profile:
                 row["kernel_us"] = {**profile_graph(score, replays, state.copies), **profile_graph(select, replays, state.copies)}
             if between_layers:
@@ -236,7 +235,7 @@ def sweep_cell(geom, layout, state: _ContextState, batch: int, budget_tokens: in
                             ops._launch_select(ws, seq_lens, selected, geom.group, chunks, "share_average", k_pages, tuning)
                         work(i, selected)
 
-                with_work = _time_graph(chain_with_work, replays, state.copies)["mean_us"]
+                with_work = time_graph(chain_with_work, replays, state.copies)["mean_us"]
                 # `mlp_us` (the work alone) keeps its first name: records and the table read it
                 repeats = "" if select_repeats == 1 else f"; the selection launched {select_repeats} times per layer"
                 row.update(mlp_us=work_us, in_chain_us=with_work - work_us, between=between_layers, between_what=work_what + repeats,

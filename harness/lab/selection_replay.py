@@ -98,10 +98,10 @@ def replay_capture(capture: dict, tunings: list[ScoreTuning], replays: int = 0) 
                   "engine_select": sel.get("select"), "same_pages_as_engine": bool(torch.equal(selected.cpu(), engine_pages)),
                   "key_stats": key_stats(ws.keys, seq_lens, hkv, k_pages)}
         if replays and device.type == "cuda":
-            from .kernel_bench import _time_graph
+            from .graph_timing import time_graph
             from .score_sweep import profile_graph
 
-            record.update(score_us=_time_graph(score, replays, 1)["mean_us"], select_us=_time_graph(select, replays, 1)["mean_us"],
+            record.update(score_us=time_graph(score, replays, 1)["mean_us"], select_us=time_graph(select, replays, 1)["mean_us"],
                           kernel_us={**profile_graph(score, replays, 1), **profile_graph(select, replays, 1)})
         out.append(record)
     return out

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from ...kernels.config import ConfigError
 from ..arms import SparseKnobs, get_arm
+from ..worker import TP_ENVIRONMENT
 from .tp_captures import (
     COMPARED_LAYER,
     capture_fault,
@@ -44,7 +45,6 @@ from .tp_captures import (
     without_queries,
 )
 from .tp_checkpoint import CheckpointSpec, write_checkpoint
-from ..worker import TP_ENVIRONMENT
 
 log = logging.getLogger(__name__)
 

@@ -38,18 +38,23 @@ def test_a_model_that_names_nothing_loadable_is_refused_with_what_is_accepted(tm
     assert "gemma3-270m" in str(error.value)
 
 
-def test_a_gguf_converts_once_and_again_after_it_changes(tmp_path, monkeypatch):
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF v1")
-    exported = []
+def _recording_export(exported: list):
+    """A stand-in for export_hf_dir that writes only config.json and records each target."""
 
-    def fake_export(loaded, target):
+    def export(loaded, target):
         exported.append(target)
         target.mkdir(parents=True)
         (target / "config.json").write_text("{}")
         return target
 
-    monkeypatch.setattr(model_source, "export_hf_dir", fake_export)
+    return export
+
+
+def test_a_gguf_converts_once_and_again_after_it_changes(tmp_path, monkeypatch):
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF v1")
+    exported = []
+    monkeypatch.setattr(model_source, "export_hf_dir", _recording_export(exported))
     monkeypatch.setattr(model_source, "load_transformers", lambda source, dtype=None: "loaded")
     source = resolve_model_source(str(gguf))
     first = vllm_model_dir(source, tmp_path / "cache")
@@ -71,14 +76,8 @@ def test_a_gguf_is_dequantized_once_and_later_loads_read_the_kept_folder(tmp_pat
         loads.append((Path(folder), gguf_name))
         return f"model from {gguf_name or Path(folder).name}"
 
-    def fake_export(loaded, target):
-        exported.append(target)
-        target.mkdir(parents=True)
-        (target / "config.json").write_text("{}")
-        return target
-
     monkeypatch.setattr(model_source, "load_hf_model", fake_load)
-    monkeypatch.setattr(model_source, "export_hf_dir", fake_export)
+    monkeypatch.setattr(model_source, "export_hf_dir", _recording_export(exported))
     source = resolve_model_source(str(gguf))
     assert model_source.load_transformers(source) == "model from m.gguf" and exported == [model_source.converted_dir(gguf)]
     assert model_source.load_transformers(source) == f"model from {exported[0].name}"  # the folder, not the GGUF
