@@ -47,10 +47,10 @@ def captures_from_engine(debug_captures: Sequence[dict], layers: Sequence[int], 
     """One prompt's engine captures (kernels/vllm_backend/debug.py records, batch 1) -> the tensors of a
     DecodeCapture: queries [L, T, Hkv, G, d], outputs likewise, keys/values [L, Hkv, N, d] read from the
     final cache through the block table (pages are append-only), seq_lens [T]."""
+    from ..kernels.vllm_backend.debug import layer_index  # noqa: PLC0415 - the backend's package, with vLLM only
+
     by_layer: dict[int, list[dict]] = {layer: [] for layer in layers}
     for capture in debug_captures:
-        from ..kernels.vllm_backend.debug import layer_index
-
         index = layer_index(capture["layer"])
         if index in by_layer:
             by_layer[index].append(capture)
