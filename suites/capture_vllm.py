@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from ..kernels.config import PAGE_SIZE
+from ..kernels.vllm_backend.debug import layer_index  # torch only: no vLLM import
 from .models import DecodeCapture
 
 logger = logging.getLogger(__name__)
@@ -47,8 +48,6 @@ def captures_from_engine(debug_captures: Sequence[dict], layers: Sequence[int], 
     """One prompt's engine captures (kernels/vllm_backend/debug.py records, batch 1) -> the tensors of a
     DecodeCapture: queries [L, T, Hkv, G, d], outputs likewise, keys/values [L, Hkv, N, d] read from the
     final cache through the block table (pages are append-only), seq_lens [T]."""
-    from ..kernels.vllm_backend.debug import layer_index  # noqa: PLC0415 - the backend's package, with vLLM only
-
     by_layer: dict[int, list[dict]] = {layer: [] for layer in layers}
     for capture in debug_captures:
         index = layer_index(capture["layer"])
