@@ -27,21 +27,42 @@ def test_build_is_exact_when_rank_covers_the_page(device, fmt, page_rank):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_build_of_a_constant_page_has_no_modes(device):
-    """All 16 keys equal: every mode is a zero mode (no division by a zero singular value)."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_identical_and_near_identical_key_pages_build_finite_rows_that_score_exactly(device, dtype):
+    """A page of 16 equal keys has a Gram of pure round-off (fp32 eigh returns NaN or fails on it): the kernel must
+    write finite rows with no modes, and the page must score q . mu * scale + log 16 up to the centroid's int8 step.
+    A page equal up to one rounding step must score within the same bound plus its tiny deviations."""
     from locks_toolkit.kernels import ops
     from locks_toolkit.kernels.build.packing import SummaryLayout, unpack_summaries
     from locks_toolkit.kernels.config import SummaryFormat
+    from locks_toolkit.kernels.score.reference import exact_page_scores, summary_page_scores
+    from locks_toolkit.kernels.testing import generator
 
-    layout = SummaryLayout(SummaryFormat.parse("r8i4"), 64)
-    key = torch.randn(64)
-    k_cache = key.expand(2, 16, 1, 64).contiguous()
-    rows = torch.full((2, 1, layout.row_bytes), 0xAB, dtype=torch.uint8, device=device)
-    ops.build_summaries(k_cache.to(device), torch.tensor([1], dtype=torch.int32, device=device), rows, layout)
-    summary = unpack_summaries(rows[1].cpu(), layout)
-    assert torch.count_nonzero(summary.coefficients) == 0 and torch.count_nonzero(summary.basis) == 0
-    assert torch.allclose(summary.centroid[0], key, atol=key.abs().max().item() / 127)
-    assert bool((rows[0] == 0xAB).all())
+    seed = fresh_seed()
+    gen = generator(seed)
+    dim, B = 128, 16
+    layout = SummaryLayout(SummaryFormat.parse("r8i4"), dim)
+    key = torch.randn(dim, generator=gen) * 3 + 1
+    constant = key.expand(B, dim)
+    near = key + key.abs() * 2.0**-8 * torch.randint(-1, 2, (B, dim), generator=gen)  # within one bf16 ulp or so
+    pages = torch.stack((constant, near, torch.randn((B, dim), generator=gen))).to(dtype)  # [P, B, d]
+    k_cache = pages.unsqueeze(2).contiguous()  # [blocks, B, Hkv=1, d]
+    rows = torch.full((3, 1, layout.row_bytes), 0xAB, dtype=torch.uint8, device=device)
+    ops.build_summaries(k_cache.to(device), torch.arange(3, dtype=torch.int32, device=device), rows, layout)
+    summaries = unpack_summaries(rows.cpu().transpose(0, 1), layout)  # [Hkv=1, P, ...]
+    for tensor in (summaries.centroid, summaries.basis, summaries.coefficients):
+        assert torch.isfinite(tensor).all(), f"seed {seed}: non-finite summary"
+    assert torch.count_nonzero(summaries.coefficients[0, 0]) == 0 and torch.count_nonzero(summaries.basis[0, 0]) == 0
+    q = torch.randn((1, 4, dim), generator=gen)
+    scale = dim**-0.5
+    got = summary_page_scores(q, summaries, scale).double()  # [1, G, P]
+    keys = pages.double().unsqueeze(0)
+    exact = exact_page_scores(q.double(), keys, scale)
+    mu_step = keys.mean(-2).abs().amax(-1) / 127  # [1, P]: the centroid's int8 step
+    deviation = (keys - keys.mean(-2, keepdim=True)).norm(dim=-1).amax(-1)  # [1, P]
+    tol = scale * (q.double().abs().sum(-1, keepdim=True) * mu_step + 2 * q.double().norm(dim=-1, keepdim=True) * deviation)
+    err = (got - exact).abs()[..., :2]
+    assert bool((err <= tol[..., :2] + 1e-5).all()), f"seed {seed}: score error {err.tolist()} over {tol[..., :2].tolist()}"
 
 
 @pytest.mark.parametrize("device", DEVICES)
