@@ -46,21 +46,26 @@ def test_identical_and_near_identical_key_pages_build_finite_rows_that_score_exa
     constant = key.expand(B, dim)
     near = key + key.abs() * 2.0**-8 * torch.randint(-1, 2, (B, dim), generator=gen)  # within one bf16 ulp or so
     pages = torch.stack((constant, near, torch.randn((B, dim), generator=gen))).to(dtype)  # [P, B, d]
-    k_cache = pages.unsqueeze(2).contiguous()  # [blocks, B, Hkv=1, d]
-    rows = torch.full((3, 1, layout.row_bytes), 0xAB, dtype=torch.uint8, device=device)
+    k_cache = torch.cat((pages, pages[:1])).unsqueeze(2).contiguous()  # [blocks, B, Hkv=1, d]; block 3 not built
+    rows = torch.full((4, 1, layout.row_bytes), 0xAB, dtype=torch.uint8, device=device)
     ops.build_summaries(k_cache.to(device), torch.arange(3, dtype=torch.int32, device=device), rows, layout)
-    summaries = unpack_summaries(rows.cpu().transpose(0, 1), layout)  # [Hkv=1, P, ...]
+    rows = rows.cpu()
+    assert bool((rows[3] == 0xAB).all()), "a block not in block_ids was written"
+    summaries = unpack_summaries(rows[:3].transpose(0, 1), layout)  # [Hkv=1, P, ...]
     for tensor in (summaries.centroid, summaries.basis, summaries.coefficients):
         assert torch.isfinite(tensor).all(), f"seed {seed}: non-finite summary"
     assert torch.count_nonzero(summaries.coefficients[0, 0]) == 0 and torch.count_nonzero(summaries.basis[0, 0]) == 0
+    constant_key = pages[0, 0].float()
+    assert torch.allclose(summaries.centroid[0, 0], constant_key, atol=constant_key.abs().max().item() / 127)
     q = torch.randn((1, 4, dim), generator=gen)
+    q64 = q.double()
     scale = dim**-0.5
     got = summary_page_scores(q, summaries, scale).double()  # [1, G, P]
     keys = pages.double().unsqueeze(0)
-    exact = exact_page_scores(q.double(), keys, scale)
+    exact = exact_page_scores(q64, keys, scale)
     mu_step = keys.mean(-2).abs().amax(-1) / 127  # [1, P]: the centroid's int8 step
     deviation = (keys - keys.mean(-2, keepdim=True)).norm(dim=-1).amax(-1)  # [1, P]
-    tol = scale * (q.double().abs().sum(-1, keepdim=True) * mu_step + 2 * q.double().norm(dim=-1, keepdim=True) * deviation)
+    tol = scale * (q64.abs().sum(-1, keepdim=True) * mu_step + 2 * q64.norm(dim=-1, keepdim=True) * deviation)
     err = (got - exact).abs()[..., :2]
     assert bool((err <= tol[..., :2] + 1e-5).all()), f"seed {seed}: score error {err.tolist()} over {tol[..., :2].tolist()}"
 
