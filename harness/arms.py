@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ class SparseKnobs:
 # plugin, so the peer's plugin cannot touch the FA3, FlashInfer or Locks engines of a pair (and ours
 # not the peer's). Ours is declared in pyproject.toml; the peer's (`locks-kv` 0.1.4) is `locks`.
 OUR_PLUGIN = "locks_toolkit"
+_CPU_ENGINE_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1", "TORCHDYNAMO_DISABLE": "1"}
 PEER_PLUGIN = "locks"
 
 
@@ -59,6 +61,10 @@ class Arm:
 
     def environment(self, knobs: SparseKnobs | None, peer_config: str | None) -> dict[str, str]:
         extra = dict(self.env(knobs, peer_config)) if self.env is not None else {}
+        if self.device == "cpu":
+            # The CPU platform's KV cache takes most of the host's memory unless told (the CI machine has 24 GiB),
+            # and its sampler would compile for ~12 s.
+            extra.update({name: os.environ.get(name, default) for name, default in _CPU_ENGINE_DEFAULTS.items()})
         return {"VLLM_PLUGINS": self.vllm_plugins, **extra}
 
     def missing_plugin(self) -> str | None:

@@ -21,8 +21,8 @@ from . import nvml
 from . import provenance as prov
 from .arms import arm_file_stem, get_arm
 from .plan import DecodePlan
-from .run_state import RunBusy, RunStatus, StoreLock, run_dir
 from .presets import ModelGeometry, build_config, materialize_model, preset_names, read_model_dir_config
+from .run_state import RunBusy, RunStatus, StoreLock, run_dir
 from .store import append_record, cell_key, finished_keys, read_records
 from .weights import weights_from_config
 from .worker import EngineJob, child_main, run_job

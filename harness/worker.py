@@ -73,9 +73,6 @@ def job_environment(job: EngineJob) -> dict[str, str]:
         "TRANSFORMERS_OFFLINE": "1",
     }
     arm = get_arm(job.arm)
-    if arm.device == "cpu":
-        env["TORCHDYNAMO_DISABLE"] = "1"  # the CPU sampler would otherwise compile for ~12 s
-        env["VLLM_CPU_KVCACHE_SPACE"] = os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")
     if job.plan.tensor_parallel_size > 1:
         env.update(TP_ENVIRONMENT)
         if arm.device == "cpu":  # vLLM's CPU TP binds each rank to a NUMA node of its own by default

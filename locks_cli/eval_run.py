@@ -61,7 +61,14 @@ def run(
 
 def _run(config, command: str | None) -> None:
     from ..harness.store import read_records
-    from ..suites.eval_runner import EvalConfigError, check_data_files, check_model, load_eval_engine, run_eval, summary_table
+    from ..suites.eval_runner import (
+        EvalConfigError,
+        check_data_files,
+        check_model,
+        load_eval_engine,
+        run_eval,
+        summary_table,
+    )
     from ..suites.length_fit import LengthError
     from ..suites.models import INSTALL_HINT, ModelMissingError
     from ..suites.task_spec import TaskSpecError

@@ -7,9 +7,9 @@ from typing import Optional
 
 import typer
 
+from ..reports.decode import RUN_CHOICES
 from ..reports.plots import PlotsUnavailable
 from ..reports.records import RecordsError, read_jsonl
-from ..reports.decode import RUN_CHOICES
 from ..reports.render import known_records, plot_report, render_comparison, render_report
 from ..reports.tables import TABLE_FORMATS, data_tables, write_tables
 from .errors import fail, stderr_console

@@ -89,8 +89,6 @@ def _child(model_dir: str, arm_name: str, budget: int, layers: list[int], group:
 
     arm, knobs = get_arm(arm_name), SparseKnobs(budget)
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCHDYNAMO_DISABLE="1", **arm.environment(knobs, None))
-    if arm.device == "cpu":
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 

@@ -20,7 +20,7 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,6 +218,8 @@ class HFEngine:
     """Greedy decode of a transformers causal LM under any arm; `prefill` once, `generate` per (arm, budget)."""
 
     name = "transformers"
+    # How every record of this engine selected its pages (stored in each record's `selection`).
+    selection = "transformers: one decode per (arm, budget), the selection applied inside attention"
 
     def __init__(self, model: Any, tokenizer: Any, model_name: str, geometry: AttentionGeometry | None = None,
                  combine: str = "share_average") -> None:  # fmt: skip

@@ -1,11 +1,14 @@
-"""Engine (b): vLLM with the Locks attention backend (GPU only; plumbing for the same runner).
+"""Engine (b): vLLM with the Locks attention backend, every arm and budget in one engine.
 
-One `LLM` per (arm, budget): sparse arms run under `attention_backend="CUSTOM"` with
-`additional_config={"locks": {"budget", "format", "scorer", "combine"}}` (kernels/vllm_backend),
-FullKV under vLLM's default backend. All pending instances of a task are generated as one batch
-per (arm, budget), greedy (temperature 0). With `dummy_weights` the model's weights are random
-(`load_format="dummy"`): the records then test the plumbing only, and say so.
+One `LLM` per summary format serves every request of a run: the Locks backend with per-request selection
+(`kernels/vllm_backend/request_settings.py`) and prefix caching. FullKV is `{"scorer": "dense"}` (stock
+attention inside the same engine), each sparse arm `{"scorer", "budget"}`; the engine's own budget is the
+largest of the run. Each instance's prompt is prefilled once (its first request), then every other
+request of that instance reads its pages (and their summaries) from the prefix cache. Such an engine runs
+eager; greedy decoding (temperature 0). With `dummy_weights` the weights are random (`load_format="dummy"`):
+the records then test the plumbing only, and say so.
 
+On a machine without CUDA the engine is vLLM's CPU platform with the Locks CPU backend (tests and CI).
 `model` is a local model folder (its tokenizer is used) or a harness preset name (`tiny-llama`,
 `qwen3-4b`, ...: harness/presets): a preset has a config only, so it runs with dummy weights and a
 byte-level stand-in tokenizer, and needs no download at all.
@@ -13,6 +16,7 @@ byte-level stand-in tokenizer, and needs no download at all.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import logging
@@ -29,19 +33,16 @@ logger = logging.getLogger(__name__)
 _BACKEND_SCORERS = ("locks", "oracle", "quest", "centroid")
 
 
+# How every record of this engine selected its pages (stored in each record's `selection`).
+SELECTION = "per-request: one engine per summary format, prefix caching, eager"
+
+
 class VllmUnavailableError(RuntimeError):
-    """vLLM or a CUDA GPU is missing; the message says what to use instead."""
+    """vLLM is missing; the message says what to install."""
 
 
-def require_cuda_vllm() -> Any:
-    """The vllm module, or one clear error on a machine without it or without a CUDA GPU."""
-    import torch
-
-    if not torch.cuda.is_available():
-        raise VllmUnavailableError(
-            "the vLLM engine needs a CUDA GPU and this machine has none; "
-            "use --engine transformers here, or run on the GPU host"
-        )
+def require_vllm() -> Any:
+    """The vllm module, or one clear error naming the install command."""
     try:
         return importlib.import_module("vllm")
     except ImportError as error:
@@ -54,6 +55,14 @@ def check_backend_arms(arms: Sequence[Any]) -> None:
         if arm.sparse and arm.scorer not in _BACKEND_SCORERS:
             raise ValueError(f"arm {arm.label} is not served by the vLLM backend; use one of {', '.join(_BACKEND_SCORERS)} "
                              "or --engine transformers")  # fmt: skip
+
+
+def request_settings(request: Any) -> dict:
+    """The `SamplingParams.extra_args` that select `request`'s arm and budget in a per-request engine."""
+    arm = request.arm
+    if not arm.sparse:
+        return {"locks": {"scorer": "dense"}}
+    return {"locks": {"scorer": arm.scorer, "budget": request.budget_tokens}}
 
 
 class ByteTokenizer:
@@ -70,15 +79,19 @@ class ByteTokenizer:
 
 
 class VllmEngine:
-    """Batch greedy generation under each (arm, budget) with the Locks backend."""
+    """Batch greedy generation of every (arm, budget) request in one per-request Locks engine."""
 
     name = "vllm"
 
     def __init__(self, model: str, combine: str = "share_average", dummy_weights: bool = False,
-                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.85) -> None:  # fmt: skip
+                 max_model_len: int | None = None, gpu_memory_utilization: float = 0.85,
+                 device: str | None = None) -> None:  # fmt: skip
+        import torch
+
         from ..harness.presets import preset_names
 
-        self.vllm = require_cuda_vllm()
+        self.vllm = require_vllm()
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.preset = model in preset_names()
         self.model_name = model
         self.combine = combine
@@ -93,21 +106,35 @@ class VllmEngine:
             self.tokenizer = AutoTokenizer.from_pretrained(model)
         note = ", dummy weights: plumbing only" if self.dummy_weights else ""
         note += ", byte tokenizer" if self.preset else ""
+        note += ", CPU platform" if self.device == "cpu" else ""
         self.source = f"{model} (vllm {self.vllm.__version__}{note})"
+        self.selection = SELECTION
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
 
-    def _llm_kwargs(self, request: Any, max_len: int) -> dict:
-        arm = request.arm
-        max_len = self.max_model_len or max_len
+    def _llm_kwargs(self, summary_format: str, budget: int, max_len: int) -> tuple[dict, dict[str, str]]:
+        """(LLM kwargs, environment of the engine's processes) of one per-request Locks engine: `budget` is its
+        own (the largest of the run), `summary_format` its summaries'."""
+        from ..harness.arms import SparseKnobs, get_arm
+        from ..kernels.vllm_backend.settings import REQUEST_SETTINGS_PROCESSOR
+
+        arm = get_arm("locks-cpu" if self.device == "cpu" else "locks")
+        knobs = SparseKnobs(budget, summary_format=summary_format, combine=self.combine)
         kwargs: dict[str, Any] = {
             "model": self.model_name,
-            "max_model_len": max_len,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_model_len": self.max_model_len or max_len,
             "block_size": 16,
             "seed": 0,
+            "enable_prefix_caching": True,
+            "enforce_eager": True,
+            "logits_processors": [REQUEST_SETTINGS_PROCESSOR],
+            **arm.engine_kwargs(knobs),
         }
+        if self.device == "cpu":
+            kwargs["dtype"] = "float32"
+        else:
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         if self.dummy_weights:
             kwargs["load_format"] = "dummy"
         if self.preset:
@@ -115,56 +142,73 @@ class VllmEngine:
 
             kwargs["model"] = str(materialize_model(build_config(self.model_name, None, max_len)[0]))
             kwargs["skip_tokenizer_init"] = True
-        if arm.sparse:
-            check_backend_arms([arm])
-            kwargs["attention_backend"] = "CUSTOM"
-            kwargs["additional_config"] = {"locks": {
-                "budget": request.budget_tokens, "format": arm.fmt.name if arm.fmt else "r8i4",
-                "scorer": arm.scorer, "combine": self.combine,
-            }}  # fmt: skip
-            if arm.scorer != "locks":  # key-reading scorers run eager only (not CUDA-graph safe)
-                kwargs["enforce_eager"] = True
-        return kwargs
+        return kwargs, arm.environment(knobs, None)
+
+    def _sampling(self, stop: StopRule, request: Any) -> Any:
+        if self.preset:  # no detokenizer in the engine: stop on the newline byte's id
+            newline = {"stop_token_ids": [ByteTokenizer.newline_id]} if stop.newline else {}
+            return self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens, detokenize=False,
+                                            extra_args=request_settings(request), **newline)  # fmt: skip
+        return self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens,
+                                        stop=["\n"] if stop.newline else None, extra_args=request_settings(request))
+
+    def _prompt(self, instance: Any, ids: list[int]) -> Any:
+        if self.preset or getattr(instance, "token_ids", None) is not None:
+            from vllm.inputs import TokensPrompt
+
+            return TokensPrompt(prompt_token_ids=ids)
+        return instance.prompt
 
     def run(self, instances: Sequence[Any], requests: Mapping[str, Sequence[Any]],
             stop: StopRule) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
-        """Regroup the pending cells by (arm, budget) and generate each group as one batch."""
-        by_request: dict[Any, list[Any]] = {}
+        """Every pending (instance, request) through one engine per summary format, prompts prefilled once."""
+        check_backend_arms([r.arm for rs in requests.values() for r in rs])
+        by_format: dict[str, list[tuple[Any, Any]]] = {}
         for instance in instances:
             for request in requests[instance.instance_id]:
-                by_request.setdefault(request, []).append(instance)
-        if self.preset:  # no detokenizer in the engine: stop on the newline byte's id
-            newline = {"stop_token_ids": [ByteTokenizer.newline_id]} if stop.newline else {}
-            params = self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens, detokenize=False, **newline)
-        else:
-            params = self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens,
-                                              stop=["\n"] if stop.newline else None)  # fmt: skip
-        for request, group in by_request.items():
-            ids = [self.tokenizer.encode(instance.prompt) for instance in group]
-            if self.preset:
-                from vllm.inputs import TokensPrompt
-
-                prompts: list[Any] = [TokensPrompt(prompt_token_ids=i) for i in ids]
-            else:
-                prompts = [instance.prompt for instance in group]
-            max_len = max(len(i) for i in ids) + stop.max_new_tokens + 16
+                fmt = request.arm.fmt.name if request.arm.fmt is not None else None
+                by_format.setdefault(fmt, []).append((instance, request))
+        # Dense and key-reading requests read no summaries: they join the first format's engine.
+        formatless = by_format.pop(None, [])
+        groups = list(by_format.items()) or [("r8i4", [])]
+        groups[0] = (groups[0][0], formatless + groups[0][1])
+        budgets = [r.budget_tokens for rs in requests.values() for r in rs if r.budget_tokens is not None]
+        for fmt, cells in groups:
+            ids = {instance.instance_id: _prompt_ids(instance, self.tokenizer) for instance, _ in cells}
+            max_len = max(len(i) for i in ids.values()) + stop.max_new_tokens + 16
             spawn_engine_processes()
-            llm = self.vllm.LLM(**self._llm_kwargs(request, max_len))
+            kwargs, env = self._llm_kwargs(fmt, max(budgets, default=2048), max_len)
+            with _environment(env):  # read by the engine's processes as they start
+                llm = self.vllm.LLM(**kwargs)
             try:
-                start = time.perf_counter()
-                outputs = llm.generate(prompts, params)
-                seconds = (time.perf_counter() - start) / len(prompts)
+                yield from self._generate(llm, cells, ids, stop)
             finally:
                 del llm
                 _free_gpu()
-            for instance, output in zip(group, outputs):
+
+    def _generate(self, llm: Any, cells: list[tuple[Any, Any]], ids: Mapping[str, list[int]],
+                  stop: StopRule) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
+        """First each instance's first request (it prefills the prompt), then all the others in one batch."""
+        seen: set[str] = set()
+        first, rest = [], []
+        for instance, request in cells:
+            (rest if instance.instance_id in seen else first).append((instance, request))
+            seen.add(instance.instance_id)
+        for batch in (first, rest):
+            if not batch:
+                continue
+            prompts = [self._prompt(instance, ids[instance.instance_id]) for instance, _ in batch]
+            params = [self._sampling(stop, request) for _, request in batch]
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            seconds = (time.perf_counter() - start) / len(prompts)
+            for (instance, request), output in zip(batch, outputs):
                 completion = output.outputs[0]
                 token_ids = list(completion.token_ids)
                 text = self.tokenizer.decode(token_ids) if self.preset else completion.text
                 newline = completion.stop_reason in ("\n", ByteTokenizer.newline_id)
                 reason = "max_new_tokens" if completion.finish_reason == "length" else ("newline" if newline else "eos")
-                generation = Generation(token_ids, text, reason, seconds)
-                yield instance, request, generation, 0.0
+                yield instance, request, Generation(token_ids, text, reason, seconds), 0.0
 
 
 def spawn_engine_processes() -> None:
@@ -177,13 +221,34 @@ def spawn_engine_processes() -> None:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
 
+def _prompt_ids(instance: Any, tokenizer: Any) -> list[int]:
+    """The instance's own token ids when it has them (then they are the prompt), else its text tokenized."""
+    ids = getattr(instance, "token_ids", None)
+    return list(ids) if ids is not None else tokenizer.encode(instance.prompt)
+
+
+@contextlib.contextmanager
+def _environment(values: Mapping[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def _free_gpu() -> None:
     import torch
 
     gc.collect()
-    torch.cuda.empty_cache()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def load_vllm_engine(model: str, combine: str = "share_average", dummy_weights: bool = False) -> VllmEngine:
-    """The vLLM engine for a local model folder or hub id (weights random with dummy_weights)."""
+    """The vLLM engine for a local model folder or a preset (weights random with dummy_weights)."""
     return VllmEngine(model, combine=combine, dummy_weights=dummy_weights)

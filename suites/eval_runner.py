@@ -250,7 +250,6 @@ def load_eval_engine(config: EvalConfig) -> Engine:
     """The engine `config.engine` names, loaded for `config.model` (minutes on CPU; vLLM imported only when named)."""
     if config.engine == "vllm":
         from .engine_vllm import load_vllm_engine
-
         from .model_source import resolve_model_source, vllm_model_dir
 
         source = resolve_model_source(config.model)
@@ -342,6 +341,7 @@ def _record(config: EvalConfig, spec: TaskSpec, length: int, instance: Instance,
         "reference": "; ".join(instance.answers),
         "answers": list(instance.answers),
         "engine": engine.name,
+        "selection": getattr(engine, "selection", None),
         "dummy_weights": config.dummy_weights,
         "model_source": engine.source,
         "combine": config.combine,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 TOP_FOLDERS = ("locks_cli", "kernels", "harness", "suites", "reports")

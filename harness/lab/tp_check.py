@@ -121,8 +121,6 @@ def engine_run(config: TPCheckConfig, model_dir: str, arm_name: str, tp: int) ->
     os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1",
                        "VLLM_USE_FLASHINFER_SAMPLER": "0", **TP_ENVIRONMENT, **arm.environment(knobs, None)})
     if arm.device == "cpu":
-        os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # CPU TP would bind one NUMA node per rank
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt

@@ -20,7 +20,7 @@ from vllm.v1.attention.backends.flash_attn import (
 
 from ..config import PAGE_SIZE
 from .core import LocksBuilderMixin, LocksImplMixin, LocksStep
-from .settings import settings_from_vllm_config
+from .settings import per_request_enabled, settings_from_vllm_config
 
 
 @dataclass
@@ -37,8 +37,8 @@ class LocksBuilder(LocksBuilderMixin, FlashAttentionMetadataBuilder):
 
     @classmethod
     def get_cudagraph_support(cls, vllm_config, kv_cache_spec) -> AttentionCGSupport:
-        # Key-reading scorers loop on the host (quality runs): no graphs at all.
-        if settings_from_vllm_config(vllm_config).reads_keys:
+        # Key-reading scorers and per-request selection group rows on the host (quality runs): no graphs at all.
+        if settings_from_vllm_config(vllm_config).reads_keys or per_request_enabled(vllm_config):
             return AttentionCGSupport.NEVER
         return cls._cudagraph_support
 

@@ -22,7 +22,7 @@ from ..build.packing import SummaryLayout
 from ..config import PAGE_SIZE
 from . import counters, debug, memory
 from .kernel_ops import DecodeShape, key_score_select, ops_for_device, timed_host_ms
-from .settings import BackendSettings, settings_from_vllm_config
+from .settings import BackendSettings, per_request_enabled, settings_from_vllm_config
 from .summary_store import STORE
 
 logger = logging.getLogger(__name__)
@@ -42,6 +42,14 @@ class LocksStep:
     selected_pages: torch.Tensor  # int32 [num_decodes, Hkv, k], persistent scratch
     workspace: Any
     stock_only: bool  # sliding-window group: every row runs stock attention
+    # Per-request selection (request_settings.py): the decode rows grouped by selection; None = every row
+    # runs the engine's settings.
+    groups: list[Any] | None = None
+
+    @property
+    def needs_exact_pass(self) -> bool:
+        """Stock attention over the whole batch first: prefill rows, or decode rows that asked for it."""
+        return self.num_decodes < self.num_reqs or any(g.selection.dense for g in self.groups or ())
 
 
 def log_active_banner(settings: BackendSettings, backend: str, ops_name: str) -> None:
@@ -143,7 +151,9 @@ class LocksBuilderMixin:
         self._decode_blocks = torch.full((shape.max_seqs,), -1, dtype=torch.int32, device=device)
         self._selected = torch.full((shape.max_seqs, shape.num_kv_heads, shape.page_budget), -1, dtype=torch.int32, device=device)
         self._workspace = self._locks_ops.workspace(shape, self._locks_layout, device)
-        log_active_banner(self.locks_settings, backend_label, self._locks_ops.name)
+        self._per_request = per_request_enabled(vllm_config)
+        log_active_banner(self.locks_settings, backend_label + (", per-request selection" if self._per_request else ""),
+                          self._locks_ops.name)  # fmt: skip
 
     def _locks_step(self, cam) -> LocksStep:
         num_reqs = cam.num_reqs
@@ -157,8 +167,14 @@ class LocksBuilderMixin:
             counters.add(prefill_rows=prefill_rows, stock_decode_rows=stock_layers * live,
                          stock_layer_calls=stock_layers, sliding_window_calls=stock_layers if self._sliding_group else 0)
             return LocksStep(num_decodes, num_reqs, None, self._selected[:0], None, True)
+        groups = self._request_groups(cam, rows) if self._per_request else None
+        if groups is None:
+            sparse, fallback, full_kv = live - rows.dense, rows.dense, 0
+        else:
+            sparse, fallback, full_kv = _group_counts(groups, rows.seq_lens)
         counters.add(prefill_rows=prefill_rows, stock_decode_rows=stock_layers * live, stock_layer_calls=stock_layers,
-                     sparse_decode_rows=layers * (live - rows.dense), dense_fallback_rows=layers * rows.dense)
+                     sparse_decode_rows=layers * sparse, dense_fallback_rows=layers * fallback,
+                     full_kv_rows=layers * full_kv)
         # A decode row whose previous token completed a page (seq_len = 16 m + 1, m >= 1) scores that
         # page from this step on: build it now. The host bound only decides whether to launch; the
         # block ids come from the device seq_lens (exact).
@@ -177,7 +193,15 @@ class LocksBuilderMixin:
             selected_pages=self._selected[:num_decodes],
             workspace=self._workspace,
             stock_only=False,
+            groups=groups,
         )
+
+    def _request_groups(self, cam, rows: RowPlan) -> list[Any] | None:
+        from .request_settings import RequestSelection, row_groups  # noqa: PLC0415 - imports vLLM's logits API
+
+        settings = self.locks_settings.locks
+        default = RequestSelection(settings.scorer, settings.selection.budget_tokens)
+        return row_groups(rows.num_decodes, rows.seq_lens, default, cam.seq_lens.device)
 
     def _prefill_blocks(self, cam, plan: RowPlan) -> torch.Tensor | None:
         """Physical blocks of pages [context // 16, seq_len // 16) of each prefill row (eager steps)."""
@@ -195,6 +219,20 @@ class LocksBuilderMixin:
         row_ids = torch.tensor(rows, dtype=torch.long).to(table.device, non_blocking=True)
         page_ids = torch.tensor(pages, dtype=torch.long).to(table.device, non_blocking=True)
         return table[row_ids, page_ids].to(torch.int32)
+
+
+def _group_counts(groups, seq_lens) -> tuple[int, int, int]:
+    """(sparse rows, rows whose pages fit their budget, rows that asked for exact attention) of a grouped step."""
+    sparse = fallback = full_kv = 0
+    for group in groups:
+        if group.selection.dense:
+            full_kv += group.count
+            continue
+        pages = -(-seq_lens[group.host_rows] // PAGE_SIZE)
+        fits = int(np.count_nonzero(pages <= group.selection.page_budget))
+        fallback += fits
+        sparse += group.count - fits
+    return sparse, fallback, full_kv
 
 
 def unsupported_reason(impl) -> str | None:
@@ -270,14 +308,39 @@ class LocksImplMixin:
         memory.release(self._vllm_config)
         k_cache, v_cache = self._kv_views(kv_cache)
         summary_rows = self._summaries_for(layer, kv_cache, k_cache)
-        if step.num_decodes < step.num_reqs:
-            # Prefill rows exactly as stock (whole batch: the decode rows are overwritten below).
+        if step.needs_exact_pass:
+            # Prefill rows (and decode rows that asked for exact attention) exactly as stock, over the whole
+            # batch: the sparse decode rows are overwritten below.
             self._stock_forward(layer, query, key, value, kv_cache, attn_metadata, output, **kwargs)
             if step.prefill_summary_blocks is not None:
                 self._build(k_cache, step.prefill_summary_blocks, summary_rows, timed=True)
-        if step.num_decodes:
+        if step.groups is not None:
+            self._decode_groups(query, k_cache, v_cache, summary_rows, attn_metadata, step, output)
+        elif step.num_decodes:
             self._decode(layer, query, k_cache, v_cache, summary_rows, attn_metadata, step, output)
         return output
+
+    def _decode_groups(self, query, k_cache, v_cache, summary_rows, md, step: LocksStep, output) -> None:
+        """Per-request selection (eager): each group of decode rows with its own scorer and page budget."""
+        n = step.num_decodes
+        out = output[:n].view(n, self.num_heads, self.head_size)
+        combine = self.locks_settings.locks.selection.combine
+        for group in step.groups:
+            if group.selection.dense:
+                continue  # the exact pass wrote these rows
+            rows, k = group.rows, group.selection.page_budget
+            q, block_table, seq_lens = query[:n][rows], md.block_table[:n][rows], md.seq_lens[:n][rows]
+            selected = torch.full((group.count, self.num_kv_heads, k), -1, dtype=torch.int32, device=q.device)
+            if group.selection.scorer == "locks":
+                self._ops.score_select(q, summary_rows, block_table, seq_lens, selected, self._layout, k, self.scale,
+                                       combine, self.num_kv_heads, step.workspace)  # fmt: skip
+            else:
+                key_score_select(group.selection.scorer, q, k_cache, block_table, seq_lens, selected, k, self.scale,
+                                 combine, self.num_kv_heads)  # fmt: skip
+            result = torch.empty_like(q)
+            self._ops.sparse_paged_decode(q, k_cache, v_cache, block_table, seq_lens, selected, self.scale, result,
+                                          step.workspace)  # fmt: skip
+            out[rows] = result.view(group.count, self.num_heads, self.head_size)
 
     def _decode(self, layer, query, k_cache, v_cache, summary_rows, md, step: LocksStep, output) -> None:
         n = step.num_decodes

@@ -29,6 +29,9 @@ ADDITIONAL_CONFIG_KEY = "locks"
 # read the paged keys themselves (quality comparisons, eager only).
 BACKEND_SCORERS: tuple[str, ...] = ("locks", "oracle", "quest", "centroid")
 KEY_READING_SCORERS: frozenset[str] = frozenset({"oracle", "quest", "centroid"})
+# The logits processor that switches an engine to per-request selection (request_settings.py), by the
+# "module:Class" name vLLM's `logits_processors` accepts.
+REQUEST_SETTINGS_PROCESSOR = "locks_toolkit.kernels.vllm_backend.request_settings:RequestSettings"
 _KEYS = ("format", "budget", "combine", "scorer", "select", "pdl", "scorer_kernel", "debug_capture_layers")
 
 
@@ -116,3 +119,10 @@ def settings_from_vllm_config(vllm_config: Any) -> BackendSettings:
     if not isinstance(additional, Mapping):
         raise ConfigError("additional_config must be a dict to carry Locks settings; pass additional_config={'locks': {...}}")
     return parse_settings(additional.get(ADDITIONAL_CONFIG_KEY))
+
+
+def per_request_enabled(vllm_config: Any) -> bool:
+    """True when the engine lists the per-request RequestSettings processor (by class or "module:Class" name)."""
+    listed = getattr(getattr(vllm_config, "model_config", None), "logits_processors", None) or ()
+    return any((p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}") == REQUEST_SETTINGS_PROCESSOR
+               for p in listed)  # fmt: skip

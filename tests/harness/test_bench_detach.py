@@ -9,12 +9,11 @@ import sys
 import time
 
 import pytest
-from typer.testing import CliRunner
-
 from locks_toolkit.harness.plan import default_plan_path
 from locks_toolkit.harness.run_state import RunStatus, StoreLock, read_status, run_dir, stop_run, store_is_locked
 from locks_toolkit.harness.store import cell_key, read_records
 from locks_toolkit.locks_cli.main import app
+from typer.testing import CliRunner
 
 SMOKE = str(default_plan_path().parent / "smoke-cpu.yaml")
 CLI = [sys.executable, "-m", "locks_toolkit.locks_cli.main"]

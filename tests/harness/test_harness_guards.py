@@ -1,7 +1,6 @@
 """Guards fire on the inputs that should make them fire, and only on those."""
 
 import pytest
-
 from locks_toolkit.harness import guards as g
 
 

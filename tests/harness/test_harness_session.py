@@ -8,13 +8,12 @@ recorded from the real engine while the batch shrinks.
 import json
 
 import pytest
-from typer.testing import CliRunner
-
 from locks_toolkit.harness import guards, runner
 from locks_toolkit.harness.plan import default_plan_path, load_plan
 from locks_toolkit.harness.presets import ModelGeometry, build_config
 from locks_toolkit.harness.store import read_records
 from locks_toolkit.locks_cli.main import app
+from typer.testing import CliRunner
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 

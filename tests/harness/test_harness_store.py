@@ -8,7 +8,11 @@ import sys
 import time
 
 from locks_toolkit.harness.store import (
-    append_record, cell_key, finished_keys, read_records, to_frame,
+    append_record,
+    cell_key,
+    finished_keys,
+    read_records,
+    to_frame,
 )
 
 

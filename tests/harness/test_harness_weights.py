@@ -2,9 +2,13 @@
 
 import pytest
 import torch
-
 from locks_toolkit.harness.presets import build_config, load_preset_config
-from locks_toolkit.harness.weights import choose_weights, config_parameter_counts, weights_from_config, weights_from_model
+from locks_toolkit.harness.weights import (
+    choose_weights,
+    config_parameter_counts,
+    weights_from_config,
+    weights_from_model,
+)
 
 
 def test_config_formula_matches_published_parameter_counts():

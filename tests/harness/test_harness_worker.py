@@ -8,15 +8,14 @@ import sys
 import types
 
 import pytest
-
 from locks_toolkit.harness import nvml
 from locks_toolkit.harness import session as session_module
 from locks_toolkit.harness.arms import ARMS, Arm
 from locks_toolkit.harness.plan import load_plan
 from locks_toolkit.harness.presets import ModelGeometry, load_preset_config
 from locks_toolkit.harness.session import DecodeLog, EngineStall, PrefillLog
-from locks_toolkit.harness.weights import weights_from_config
 from locks_toolkit.harness.ttft import BUILD_SD_MULTIPLE, build_estimate
+from locks_toolkit.harness.weights import weights_from_config
 from locks_toolkit.harness.worker import EngineJob, run_job
 
 COUNTS = {"sparse_decode_rows": 0, "dense_fallback_rows": 0, "stock_decode_rows": 0, "summaries_built": 0}

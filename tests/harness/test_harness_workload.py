@@ -1,7 +1,6 @@
 """Workload strings and size lists: the one parser every plan and record goes through."""
 
 import pytest
-
 from locks_toolkit.harness.workload import Workload, format_size, parse_size, parse_size_list
 from locks_toolkit.kernels.config import ConfigError
 

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from locks_toolkit.harness import record_migrations as rm
 from locks_toolkit.harness.presets import load_preset_config
 from locks_toolkit.harness.record_schemas import DECODE, FLOOR_KV_ONLY, FLOOR_PRESET, FLOOR_RECORDED

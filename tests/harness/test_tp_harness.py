@@ -14,8 +14,6 @@ import sys
 import time
 
 import pytest
-from typer.testing import CliRunner
-
 from locks_toolkit.harness import guards as g
 from locks_toolkit.harness import nvml, ranks, runner
 from locks_toolkit.harness import session as session_module
@@ -26,6 +24,7 @@ from locks_toolkit.harness.weights import weights_from_config
 from locks_toolkit.harness.worker import EngineJob, run_job
 from locks_toolkit.kernels.config import ConfigError
 from locks_toolkit.locks_cli.main import app
+from typer.testing import CliRunner
 
 GLM = "glm-4-9b-chat-1m"  # 32 query heads, 4 KV heads
 

@@ -6,13 +6,11 @@ import builtins
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from conftest import check_golden
-
 from locks_toolkit.locks_cli.main import app
 from locks_toolkit.reports.records import read_jsonl
 from locks_toolkit.reports.render import plot_report, render_comparison, render_report
+from typer.testing import CliRunner
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 

@@ -6,8 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from locks_toolkit.harness.store import read_records
 from locks_toolkit.kernels.config import PAGE_SIZE
 from locks_toolkit.locks_cli.main import app
@@ -16,6 +14,7 @@ from locks_toolkit.suites.arms import ArmError, parse_arm, parse_arms
 from locks_toolkit.suites.engine_hf import Generation
 from locks_toolkit.suites.eval_runner import EvalConfig, EvalConfigError, config_from_mapping, run_eval, summary_table
 from locks_toolkit.suites.length_fit import approx_count_tokens
+from typer.testing import CliRunner
 
 
 class FakeEngine:

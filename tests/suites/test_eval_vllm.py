@@ -1,51 +1,64 @@
-"""Engine (b) without a GPU: its LLM arguments are ones the Locks backend accepts, and it refuses
-to start without CUDA with one clear error."""
+"""Engine (b) without a GPU: the one per-request engine's LLM arguments and request settings are ones the
+Locks backend accepts, and its two-phase batching (prefill each prompt once, then every other request)
+hands each request its own output. The real CPU engine end to end: test_eval_vllm_engine.py."""
 
 from __future__ import annotations
 
-import pytest
-import torch
+from types import SimpleNamespace
 
-from locks_toolkit.kernels.vllm_backend.settings import parse_settings
+import pytest
+from locks_toolkit.kernels.vllm_backend.settings import REQUEST_SETTINGS_PROCESSOR, parse_settings
 from locks_toolkit.suites import engine_vllm
 from locks_toolkit.suites.arms import parse_arm
-from locks_toolkit.suites.engine_vllm import ByteTokenizer, VllmEngine, VllmUnavailableError
+from locks_toolkit.suites.engine_hf import StopRule
+from locks_toolkit.suites.engine_vllm import ByteTokenizer, VllmEngine, request_settings
 from locks_toolkit.suites.eval_runner import EvalConfigError, Request, config_from_mapping
 
 
-def _engine(preset: bool) -> VllmEngine:
-    engine = VllmEngine.__new__(VllmEngine)  # skip the CUDA check: only the argument building is tested
+def _engine(preset: bool, device: str = "cuda") -> VllmEngine:
+    engine = VllmEngine.__new__(VllmEngine)  # skip loading vLLM and a tokenizer: only the argument building is tested
     engine.model_name, engine.preset, engine.combine = ("tiny-llama" if preset else "/models/x"), preset, "group_max"
     engine.dummy_weights, engine.max_model_len, engine.gpu_memory_utilization = True, None, 0.5
+    engine.device = device
     return engine
 
 
-@pytest.mark.parametrize("label, budget", [("locks:r4i8", 256), ("quest", 64), ("oracle", 128), ("centroid", 512)])
-def test_sparse_arm_kwargs_parse_as_backend_settings(label, budget):
-    kwargs = _engine(preset=False)._llm_kwargs(Request(parse_arm(label), budget), max_len=5000)
-    assert kwargs["attention_backend"] == "CUSTOM" and kwargs["load_format"] == "dummy"
+def test_the_engine_is_one_per_request_locks_engine_with_prefix_caching():
+    kwargs, env = _engine(preset=False)._llm_kwargs("r4i8", 2048, max_len=5000)
+    assert kwargs["attention_config"] == {"backend": "CUSTOM"} and kwargs["load_format"] == "dummy"
+    assert kwargs["logits_processors"] == [REQUEST_SETTINGS_PROCESSOR]
+    assert kwargs["enable_prefix_caching"] and kwargs["enforce_eager"] and kwargs["block_size"] == 16
     settings = parse_settings(kwargs["additional_config"]["locks"]).locks
-    assert settings.scorer == parse_arm(label).scorer
-    assert settings.selection.budget_tokens == budget and settings.selection.combine == "group_max"
-    assert kwargs["block_size"] == 16 and kwargs["max_model_len"] == 5000
+    assert settings.summary.name == "r4i8" and settings.selection.budget_tokens == 2048
+    assert settings.selection.combine == "group_max" and kwargs["max_model_len"] == 5000
+    assert "LOCKS_VLLM_CPU" not in env
 
 
-def test_dense_arm_uses_stock_backend_and_preset_gets_a_config_dir(tmp_path, monkeypatch):
+def test_on_a_machine_without_cuda_the_engine_is_the_cpu_platform(tmp_path, monkeypatch):
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    kwargs = _engine(preset=True)._llm_kwargs(Request(parse_arm("fullkv"), None), max_len=4200)
-    assert "attention_backend" not in kwargs and "additional_config" not in kwargs
+    kwargs, env = _engine(preset=True, device="cpu")._llm_kwargs("r8i4", 512, max_len=4200)
+    assert env["LOCKS_VLLM_CPU"] == "1" and kwargs["dtype"] == "float32" and "gpu_memory_utilization" not in kwargs
     assert kwargs["skip_tokenizer_init"] is True and kwargs["model"].endswith(tuple("0123456789abcdef"))
+
+
+@pytest.mark.parametrize("label, budget", [("locks:r4i8", 256), ("quest", 64), ("oracle", 128), ("centroid", 512),
+                                           ("fullkv", None)])  # fmt: skip
+def test_each_request_carries_its_arm_and_budget_as_the_backend_reads_them(label, budget):
+    pytest.importorskip("vllm")
+    from locks_toolkit.kernels.vllm_backend.request_settings import parse_request_selection
+
+    selection = parse_request_selection(request_settings(Request(parse_arm(label), budget)))
+    assert selection.scorer == (parse_arm(label).scorer or "dense") and selection.budget_tokens == budget
 
 
 def test_arm_the_backend_does_not_serve():
     with pytest.raises(ValueError, match="not served by the vLLM backend"):
-        _engine(preset=False)._llm_kwargs(Request(parse_arm("moment"), 64), max_len=100)
+        request_settings(Request(parse_arm("moment"), 64)) and engine_vllm.check_backend_arms([parse_arm("moment")])
 
 
 def test_an_unserved_arm_fails_before_anything_runs(tmp_path, monkeypatch):
-    from typer.testing import CliRunner
-
     from locks_toolkit.locks_cli.main import app
+    from typer.testing import CliRunner
 
     raw = {"suite": "ruler", "tasks": "niah_single_1", "lengths": "1k", "budgets": "64", "model": "tiny-llama",
            "out": str(tmp_path / "o.jsonl"), "engine": "vllm", "arms": "fullkv,quest,moment"}  # fmt: skip
@@ -65,12 +78,6 @@ def test_an_unserved_arm_fails_before_anything_runs(tmp_path, monkeypatch):
     assert not (tmp_path / "o.jsonl").exists()
 
 
-def test_no_cuda_is_one_clear_error(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(VllmUnavailableError, match="needs a CUDA GPU"):
-        engine_vllm.load_vllm_engine("tiny-llama", dummy_weights=True)
-
-
 def test_byte_tokenizer_round_trip():
     tokenizer = ByteTokenizer()
     text = "The special magic number is 7421935.\nnext"
@@ -78,26 +85,60 @@ def test_byte_tokenizer_round_trip():
     assert tokenizer.encode("\n") == [ByteTokenizer.newline_id]
 
 
-def test_engine_processes_are_spawned_unless_the_user_chose(monkeypatch):
-    """A forked engine core cannot use CUDA once this process has (the H200 eval run failed so)."""
-    from types import SimpleNamespace
+class _FakeLLM:
+    """Answers each prompt with its request's settings, and records the batches it was given."""
 
-    from locks_toolkit.suites.engine_hf import StopRule
+    calls: list = []
+    env: list = []
 
-    seen = []
+    def __init__(self, **kwargs):
+        _FakeLLM.env.append((engine_vllm.os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
+                             engine_vllm.os.environ.get("VLLM_PLUGINS")))  # fmt: skip
 
-    class FakeLLM:
-        def __init__(self, **kwargs):
-            seen.append(engine_vllm.os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"))
+    def generate(self, prompts, params, use_tqdm=False):
+        _FakeLLM.calls.append(list(prompts))
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1], text=f"{p} {sp['extra_args']}", stop_reason=None,
+                                                         finish_reason="length")]) for p, sp in zip(prompts, params)]
 
-        def generate(self, prompts, params):
-            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[], text="", stop_reason=None,
-                                                             finish_reason="length")]) for _ in prompts]
 
+def _fake_engine(monkeypatch) -> VllmEngine:
     engine = _engine(preset=False)
-    engine.vllm = SimpleNamespace(LLM=FakeLLM, SamplingParams=lambda **kw: kw)
+    engine.vllm = SimpleNamespace(LLM=_FakeLLM, SamplingParams=lambda **kw: kw)
     engine.tokenizer = ByteTokenizer()
     monkeypatch.setattr(engine_vllm, "_free_gpu", lambda: None)
+    _FakeLLM.calls.clear()
+    _FakeLLM.env.clear()
+    return engine
+
+
+def test_each_prompt_is_prefilled_once_then_every_other_request_reads_the_cache(monkeypatch):
+    engine = _fake_engine(monkeypatch)
+    instances = [SimpleNamespace(instance_id=f"i{n}", prompt=f"prompt {n}") for n in range(2)]
+    requests = [Request(parse_arm("fullkv"), None), Request(parse_arm("locks:r8i4"), 64), Request(parse_arm("quest"), 128)]
+    results = list(engine.run(instances, {i.instance_id: requests for i in instances}, StopRule(2, newline=False)))
+    assert [len(batch) for batch in _FakeLLM.calls] == [2, 4]  # one request per prompt first, then the rest
+    assert _FakeLLM.calls[0] == ["prompt 0", "prompt 1"]
+    assert len(results) == 6
+    for instance, request, generation, _ in results:  # every output went back to its own request
+        assert generation.text == f"{instance.prompt} {request_settings(request)}"
+    monkeypatch.setenv("VLLM_PLUGINS", "before")
+    list(engine.run(instances[:1], {"i0": requests[:1]}, StopRule(2, newline=False)))
+    assert engine_vllm.os.environ["VLLM_PLUGINS"] == "before"  # the engine's environment is set only while it starts
+
+
+def test_summary_formats_get_an_engine_each_and_formatless_arms_join_the_first(monkeypatch):
+    engine = _fake_engine(monkeypatch)
+    instance = SimpleNamespace(instance_id="i0", prompt="p")
+    requests = [Request(parse_arm("fullkv"), None), Request(parse_arm("locks:r8i4"), 64),
+                Request(parse_arm("locks:r4i8"), 64), Request(parse_arm("oracle"), 64)]  # fmt: skip
+    results = list(engine.run([instance], {"i0": requests}, StopRule(2, newline=False)))
+    assert len(_FakeLLM.env) == 2 and sorted(r.arm.label for _, r, _, _ in results) == sorted(r.arm.label for r in requests)
+    assert [len(batch) for batch in _FakeLLM.calls] == [1, 2, 1]  # r8i4 engine: fullkv first, then oracle + locks
+
+
+def test_engine_processes_are_spawned_unless_the_user_chose(monkeypatch):
+    """A forked engine core cannot use CUDA once this process has (the H200 eval run failed so)."""
+    engine = _fake_engine(monkeypatch)
     instance = SimpleNamespace(instance_id="i0", prompt="abc")
     request = Request(parse_arm("fullkv"), None)
     stop = StopRule(max_new_tokens=2, newline=False)
@@ -105,4 +146,4 @@ def test_engine_processes_are_spawned_unless_the_user_chose(monkeypatch):
     assert len(list(engine.run([instance], {"i0": [request]}, stop))) == 1
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     list(engine.run([instance], {"i0": [request]}, stop))
-    assert seen == ["spawn", "fork"]
+    assert [method for method, _ in _FakeLLM.env] == ["spawn", "fork"] and _FakeLLM.env[0][1] == "locks_toolkit"

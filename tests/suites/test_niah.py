@@ -6,7 +6,6 @@ import re
 import zlib
 
 import pytest
-
 from locks_toolkit.suites.niah import NEEDLE, NiahPrompt, build_niah_prompt, build_niah_suite
 
 

@@ -7,7 +7,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from locks_toolkit.suites.catalog import iter_instances, score
 from locks_toolkit.suites.jsonl import DataFileError
 from locks_toolkit.suites.length_fit import approx_count_tokens

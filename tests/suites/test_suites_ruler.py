@@ -7,7 +7,6 @@ import re
 from collections import Counter
 
 import pytest
-
 from locks_toolkit.suites.catalog import iter_instances, score
 from locks_toolkit.suites.length_fit import LengthError, approx_count_tokens, fit_largest, middle_truncate
 from locks_toolkit.suites.task_spec import list_tasks, load_task

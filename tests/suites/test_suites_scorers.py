@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-
 from locks_toolkit.suites import scorers
 from locks_toolkit.suites.catalog import score
 from locks_toolkit.suites.math_answers import boxed_equiv_score, last_boxed

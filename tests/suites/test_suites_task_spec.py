@@ -7,7 +7,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from locks_toolkit.suites.task_spec import TaskSpecError, list_tasks, load_task, load_task_file
 
 RULER_TASKS = {

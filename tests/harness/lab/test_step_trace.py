@@ -8,13 +8,13 @@ import subprocess
 import sys
 
 import pytest
-from locks_toolkit.harness.plan import default_plan_path
 from locks_toolkit.harness.lab.step_trace import (
     Activity,
     covered_us,
     markdown,
     summarize_steps,
 )
+from locks_toolkit.harness.plan import default_plan_path
 
 
 def test_covered_time_is_the_union_of_clipped_intervals():
@@ -70,7 +70,7 @@ def test_idle_gaps_are_charged_to_the_activity_that_ends_them():
 def test_a_stored_chrome_trace_is_summarized_again(tmp_path):
     import gzip
 
-    from locks_toolkit.harness.lab.step_trace import STEP_RANGE, activities_from_chrome_trace, main
+    from locks_toolkit.harness.lab.step_trace import STEP_RANGE, activities_from_chrome_trace
 
     events = [{"cat": "user_annotation", "name": f"{STEP_RANGE}{i}", "ts": 100.0 * i, "dur": 100.0} for i in range(2)]
     events += [{"cat": "gpu_user_annotation", "name": f"{STEP_RANGE}{i}", "ts": 100.0 * i + 50, "dur": 90.0} for i in range(2)]

@@ -8,7 +8,6 @@ change, or the score-select kernels would group the wrong query heads with a KV 
 from __future__ import annotations
 
 import pytest
-
 from locks_toolkit.harness.presets import build_config, materialize_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]

@@ -46,23 +46,31 @@ def _write_checkpoint(model_dir: Path) -> None:
     model.save_pretrained(model_dir, safe_serialization=True)
 
 
-def _run_engine(model_dir: str, budgets: list[int | None]) -> dict:
-    """In this (sub)process: one engine per budget (None = stock CPU_ATTN); greedy tokens + counters."""
+# One per-request engine (engine budget 4096) serves these settings side by side, each over every prompt.
+PER_REQUEST = ({"scorer": "dense"}, {"scorer": "locks", "budget": 32}, None)
+
+
+def _run_engine(model_dir: str, budgets: list[int | str | None]) -> dict:
+    """In this (sub)process: one engine per budget (None = stock CPU_ATTN, "per-request" = one Locks engine
+    serving PER_REQUEST's settings with prefix caching); greedy tokens + counters."""
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", TORCHDYNAMO_DISABLE="1")
     import torch
+    from locks_toolkit.kernels.vllm_backend import counters, plugin
     from vllm import LLM, SamplingParams
-
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.attention.selector import _cached_get_attn_backend
-
-    from locks_toolkit.kernels.vllm_backend import counters, plugin
 
     generator = torch.Generator().manual_seed(0)
     prompts = [{"prompt_token_ids": torch.randint(3, 500, (n,), generator=generator).tolist()} for n in PROMPT_LENS]
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, detokenize=False)
+    from locks_toolkit.kernels.vllm_backend.settings import REQUEST_SETTINGS_PROCESSOR
+
     results = []
     for budget in budgets:
-        extra = {} if budget is None else {"additional_config": {"locks": {"budget": budget}}}
+        per_request = budget == "per-request"
+        extra = {} if budget is None else {"additional_config": {"locks": {"budget": 4096 if per_request else budget}}}
+        if per_request:
+            extra["logits_processors"] = [REQUEST_SETTINGS_PROCESSOR]
         if budget is None:
             os.environ.pop(plugin.CPU_OPT_IN_ENV, None)
             AttentionBackendEnum.CPU_ATTN.clear_override()
@@ -73,11 +81,24 @@ def _run_engine(model_dir: str, budgets: list[int | None]) -> dict:
         llm = LLM(
             model_dir, skip_tokenizer_init=True, enforce_eager=True, block_size=16,
             max_num_batched_tokens=2048, max_num_seqs=16, max_model_len=1024, dtype="float32", seed=0,
-            enable_prefix_caching=False, **extra,
+            enable_prefix_caching=per_request, **extra,
         )
         counters.reset()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        results.append({"tokens": [list(o.outputs[0].token_ids) for o in outputs], "counters": counters.snapshot()})
+        if per_request:  # every setting over every prompt, in one batch, so rows of all settings share steps
+            settings = [p.clone() for p in [params] * len(PER_REQUEST)]
+            for setting, sampling in zip(PER_REQUEST, settings):
+                sampling.extra_args = None if setting is None else {"locks": setting}
+            outputs = llm.generate(prompts * len(PER_REQUEST), [s for s in settings for _ in prompts], use_tqdm=False)
+            tokens = [list(o.outputs[0].token_ids) for o in outputs]
+            by_setting = [tokens[i * len(prompts):(i + 1) * len(prompts)] for i in range(len(PER_REQUEST))]
+            results.append({"tokens": by_setting, "counters": counters.snapshot()})
+            try:
+                llm.generate(prompts[:1], SamplingParams(max_tokens=2, extra_args={"locks": {"scorer": "exact"}}))
+            except ValueError as error:
+                results[-1]["bad_setting_error"] = str(error)
+        else:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            results.append({"tokens": [list(o.outputs[0].token_ids) for o in outputs], "counters": counters.snapshot()})
         del llm
     return {"runs": results}
 
@@ -99,14 +120,14 @@ def _engine_subprocess(tmp_path: Path, budgets: list[int | None]) -> tuple[dict,
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engine")
-    result, log = _engine_subprocess(tmp, [None, 4096, 32])
-    stock, dense, sparse = result["runs"]
+    result, log = _engine_subprocess(tmp, [None, 4096, 32, "per-request"])
+    stock, dense, sparse, per_request = result["runs"]
     assert stock["counters"]["prefill_rows"] == 0  # the stock engine really ran without Locks
-    return stock, dense, sparse, log
+    return stock, dense, sparse, log, per_request
 
 
 def test_locks_banner_and_counters_show_the_locks_decode_path(engine_runs):
-    _, dense_run, sparse_run, log = engine_runs
+    _, dense_run, sparse_run, log, _ = engine_runs
     assert "Locks attention backend ACTIVE (cpu/CPU_ATTN" in log and "budget=4096" in log
     layers, decode_rows = TINY_LLAMA["num_hidden_layers"], len(PROMPT_LENS) * (MAX_TOKENS - 1)
     dense_counts, sparse_counts = dense_run["counters"], sparse_run["counters"]
@@ -122,10 +143,28 @@ def test_locks_banner_and_counters_show_the_locks_decode_path(engine_runs):
 
 
 def test_locks_with_budget_covering_the_context_matches_stock_cpu_attention(engine_runs):
-    stock_run, dense_run, sparse_run, _ = engine_runs
+    stock_run, dense_run, sparse_run, _, _ = engine_runs
     assert dense_run["tokens"] == stock_run["tokens"]
     # The comparison can fail: a 2-page budget changes some greedy tokens of the long prompts.
     assert sparse_run["tokens"] != stock_run["tokens"]
+
+
+def test_one_per_request_engine_gives_each_setting_the_tokens_of_its_own_engine(engine_runs):
+    stock_run, dense_run, sparse_run, log, per_request = engine_runs
+    exact, locks_32, engine_default = per_request["tokens"]
+    assert exact == stock_run["tokens"]  # {"scorer": "dense"}: exact attention, as stock CPU_ATTN
+    assert locks_32 == sparse_run["tokens"]  # {"scorer": "locks", "budget": 32}: as an engine with budget 32
+    assert engine_default == dense_run["tokens"]  # no setting: the engine's budget (4096)
+    counts = per_request["counters"]
+    layers, decode_rows = TINY_LLAMA["num_hidden_layers"], len(PROMPT_LENS) * (MAX_TOKENS - 1)
+    assert counts["full_kv_rows"] == layers * decode_rows
+    assert counts["sparse_decode_rows"] == sparse_run["counters"]["sparse_decode_rows"]
+    assert "per-request selection" in log
+
+
+def test_a_bad_per_request_setting_is_refused_with_the_allowed_scorers(engine_runs):
+    message = engine_runs[4]["bad_setting_error"]
+    assert "'exact' unknown" in message and "dense, locks, oracle" in message
 
 
 if __name__ == "__main__":
