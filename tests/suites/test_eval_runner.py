@@ -171,15 +171,23 @@ def test_cli_missing_model_package(tmp_path, monkeypatch):
     assert "gguf" in result.output and "hint:" in result.output
 
 
-def test_cli_vllm_without_cuda(tmp_path, monkeypatch):
-    import torch
+def test_cli_vllm_without_vllm_is_one_clear_error_naming_the_install(tmp_path, monkeypatch):
+    from locks_toolkit.suites import engine_vllm
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    real_import = engine_vllm.importlib.import_module
+
+    def no_vllm(name, *args, **kwargs):
+        if name == "vllm":
+            raise ImportError("No module named 'vllm'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(engine_vllm.importlib, "import_module", no_vllm)
     result = runner.invoke(app, ["eval", "run", "--suite", "ruler", "--tasks", "niah_single_1", "--lengths", "4k",
-                                 "--arms", "locks", "--budgets", "64", "--engine", "vllm", "--model", "some/model",
+                                 "--arms", "locks", "--budgets", "64", "--engine", "vllm", "--model", "tiny-llama",
                                  "--out", str(tmp_path / "o.jsonl")])  # fmt: skip
     assert result.exit_code == 2, result.output
-    assert "needs a CUDA GPU" in " ".join(result.output.split())
+    assert "vLLM is not installed" in " ".join(result.output.split()) and "locks-toolkit[gpu]" in result.output
+    assert not (tmp_path / "o.jsonl").exists()
 
 
 def test_yaml_run_file_with_cli_override(tmp_path):
