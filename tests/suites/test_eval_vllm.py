@@ -53,7 +53,7 @@ def test_each_request_carries_its_arm_and_budget_as_the_backend_reads_them(label
 
 def test_arm_the_backend_does_not_serve():
     with pytest.raises(ValueError, match="not served by the vLLM backend"):
-        request_settings(Request(parse_arm("moment"), 64)) and engine_vllm.check_backend_arms([parse_arm("moment")])
+        engine_vllm.check_backend_arms([parse_arm("fullkv"), parse_arm("quest"), parse_arm("moment")])
 
 
 def test_an_unserved_arm_fails_before_anything_runs(tmp_path, monkeypatch):
