@@ -102,5 +102,7 @@ def _run(config, command: str | None) -> None:
         raise fail(str(error), _DATA_HINT) from None
     except (TaskSpecError, LengthError) as error:
         raise fail(str(error)) from None
+    finally:
+        getattr(engine, "close", lambda: None)()  # the vLLM engine's processes and memory
     _stderr.print(f"{progress.done} cells run, {progress.skipped} were already stored in {config.out}", highlight=False)
     typer.echo(summary_table(read_records(config.out), config))

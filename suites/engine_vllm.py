@@ -109,6 +109,7 @@ class VllmEngine:
         note += ", CPU platform" if self.device == "cpu" else ""
         self.source = f"{model} (vllm {self.vllm.__version__}{note})"
         self.selection = SELECTION
+        self._llm: tuple[str, int, Any] | None = None  # (summary format, max_model_len, engine) kept across calls
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer.encode(text))
@@ -123,7 +124,7 @@ class VllmEngine:
         knobs = SparseKnobs(budget, summary_format=summary_format, combine=self.combine)
         kwargs: dict[str, Any] = {
             "model": self.model_name,
-            "max_model_len": self.max_model_len or max_len,
+            "max_model_len": max_len,
             "block_size": 16,
             "seed": 0,
             "enable_prefix_caching": True,
@@ -176,15 +177,34 @@ class VllmEngine:
         for fmt, cells in groups:
             ids = {instance.instance_id: _prompt_ids(instance, self.tokenizer) for instance, _ in cells}
             max_len = max(len(i) for i in ids.values()) + stop.max_new_tokens + 16
-            spawn_engine_processes()
-            kwargs, env = self._llm_kwargs(fmt, max(budgets, default=2048), max_len)
-            with _environment(env):  # read by the engine's processes as they start
-                llm = self.vllm.LLM(**kwargs)
-            try:
-                yield from self._generate(llm, cells, ids, stop)
-            finally:
-                del llm
-                _free_gpu()
+            yield from self._generate(self._llm_for(fmt, max(budgets, default=2048), max_len), cells, ids, stop)
+
+    def _llm_for(self, summary_format: str, budget: int, max_len: int) -> Any:
+        """The engine of `summary_format`, kept across calls (a run's task x length groups share it) while its
+        context fits; a new format or a longer context starts a new one in its place."""
+        if self._llm is not None:
+            fmt, length, llm = self._llm
+            if fmt == summary_format and length >= max_len:
+                return llm
+            self.close()
+        max_len = max(max_len, self.max_model_len or 0)
+        spawn_engine_processes()
+        kwargs, env = self._llm_kwargs(summary_format, budget, max_len)
+        with _environment(env):  # read by the engine's processes as they start
+            llm = self.vllm.LLM(**kwargs)
+        self._llm = (summary_format, kwargs["max_model_len"], llm)
+        return llm
+
+    def close(self) -> None:
+        """Shut the kept engine down and free its memory."""
+        if self._llm is not None:
+            llm = self._llm[2]
+            self._llm = None
+            engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            if engine_core is not None and hasattr(engine_core, "shutdown"):
+                engine_core.shutdown()
+            del llm
+            _free_gpu()
 
     def _generate(self, llm: Any, cells: list[tuple[Any, Any]], ids: Mapping[str, list[int]],
                   stop: StopRule) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
@@ -249,6 +269,7 @@ def _free_gpu() -> None:
         torch.cuda.empty_cache()
 
 
-def load_vllm_engine(model: str, combine: str = "share_average", dummy_weights: bool = False) -> VllmEngine:
+def load_vllm_engine(model: str, combine: str = "share_average", dummy_weights: bool = False,
+                     max_model_len: int | None = None) -> VllmEngine:  # fmt: skip
     """The vLLM engine for a local model folder or a preset (weights random with dummy_weights)."""
-    return VllmEngine(model, combine=combine, dummy_weights=dummy_weights)
+    return VllmEngine(model, combine=combine, dummy_weights=dummy_weights, max_model_len=max_model_len)

@@ -37,6 +37,7 @@ logger = logging.getLogger(__name__)
 
 SCHEMA = EVAL
 DEFAULT_BUDGETS = (64, 128, 256, 512, 1024, 2048)
+_MAX_NEW_TOKENS_ROOM = 1024  # tokens past the longest context a vLLM engine is sized for (generation, template)
 ENGINES = ("transformers", "vllm")
 _LENGTH_RE = re.compile(r"^(?P<n>\d+)(?P<unit>[kK]?)$")
 
@@ -254,7 +255,9 @@ def load_eval_engine(config: EvalConfig) -> Engine:
 
         source = resolve_model_source(config.model)
         model = config.model if source.kind == "preset" else str(vllm_model_dir(source))
-        return load_vllm_engine(model, combine=config.combine, dummy_weights=config.dummy_weights)
+        # One engine for every (task, length) group of the run: sized once for the longest context.
+        return load_vllm_engine(model, combine=config.combine, dummy_weights=config.dummy_weights,
+                                max_model_len=max(config.lengths) + _MAX_NEW_TOKENS_ROOM)
     return load_engine(config.model, combine=config.combine)
 
 

@@ -19,7 +19,7 @@ def _engine(preset: bool, device: str = "cuda") -> VllmEngine:
     engine = VllmEngine.__new__(VllmEngine)  # skip loading vLLM and a tokenizer: only the argument building is tested
     engine.model_name, engine.preset, engine.combine = ("tiny-llama" if preset else "/models/x"), preset, "group_max"
     engine.dummy_weights, engine.max_model_len, engine.gpu_memory_utilization = True, None, 0.5
-    engine.device = device
+    engine.device, engine._llm = device, None
     return engine
 
 
@@ -136,6 +136,17 @@ def test_summary_formats_get_an_engine_each_and_formatless_arms_join_the_first(m
     assert [len(batch) for batch in _FakeLLM.calls] == [1, 2, 1]  # r8i4 engine: fullkv first, then oracle + locks
 
 
+def test_one_engine_serves_every_group_of_a_run_until_a_longer_context_needs_a_new_one(monkeypatch):
+    engine = _fake_engine(monkeypatch)
+    request = Request(parse_arm("fullkv"), None)
+    stop = StopRule(max_new_tokens=2, newline=False)
+    for prompt in ("short one", "short two", "x" * 200):  # three (task, length) groups; the last one is longer
+        instance = SimpleNamespace(instance_id=prompt, prompt=prompt)
+        list(engine.run([instance], {prompt: [request]}, stop))
+    assert len(_FakeLLM.env) == 2 and len(_FakeLLM.calls) == 3
+    assert engine._llm[1] == 200 + 2 + 16  # sized for the longest prompt and its generation
+
+
 def test_engine_processes_are_spawned_unless_the_user_chose(monkeypatch):
     """A forked engine core cannot use CUDA once this process has (the H200 eval run failed so)."""
     engine = _fake_engine(monkeypatch)
@@ -144,6 +155,7 @@ def test_engine_processes_are_spawned_unless_the_user_chose(monkeypatch):
     stop = StopRule(max_new_tokens=2, newline=False)
     monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
     assert len(list(engine.run([instance], {"i0": [request]}, stop))) == 1
+    engine.close()
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     list(engine.run([instance], {"i0": [request]}, stop))
     assert [method for method, _ in _FakeLLM.env] == ["spawn", "fork"] and _FakeLLM.env[0][1] == "locks_toolkit"
