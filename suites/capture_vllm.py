@@ -88,7 +88,7 @@ def _child(model_dir: str, arm_name: str, budget: int, layers: list[int], group:
     from ..harness.arms import SparseKnobs, get_arm
 
     arm, knobs = get_arm(arm_name), SparseKnobs(budget)
-    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCHDYNAMO_DISABLE="1", **arm.environment(knobs, None))
+    os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCHDYNAMO_DISABLE": "1", **arm.environment(knobs, None)})
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
