@@ -15,7 +15,7 @@ from . import markdown as md
 from .decode import SETUP_KEYS, setup_title
 from .grid import grid_frame, own_frontiers
 from .microscope import RUN_KEYS, fidelity_table
-from .quality import ALL_TASKS, FULL_BUDGET, TABLE_KEYS, quality_table
+from .quality import ALL_TASKS, FULL_BUDGET, TABLE_KEYS, engine_text, quality_table
 
 logger = logging.getLogger(__name__)
 
@@ -220,7 +220,7 @@ def plot_quality(evals: pd.DataFrame, path: Path, caption: str = "") -> Path | N
     plt = _pyplot()
     groups = list(pooled.groupby(TABLE_KEYS, sort=True))
     fig, axes = _grid_of(plt, len(groups))
-    for ax, ((suite, model, context), group) in zip(axes, groups):
+    for ax, ((suite, model, engine, context), group) in zip(axes, groups):
         for arm, line in group.groupby("arm_label", sort=True):
             sparse = line[line["budget_sort"] != FULL_BUDGET]
             if not sparse.empty:
@@ -236,7 +236,7 @@ def plot_quality(evals: pd.DataFrame, path: Path, caption: str = "") -> Path | N
         ax.set_ylabel("score")
         ax.set_ylim(-0.02, 1.02)
         ax.grid(True, alpha=0.3)
-        ax.set_title(_wrap(f"{suite}: {model} @ {md.fmt_tokens(context)}"), fontsize=8)
+        ax.set_title(_wrap(f"{suite}: {model} @ {md.fmt_tokens(context)}{engine_text(engine)}"), fontsize=8)
         ax.legend(fontsize=8)
     return _save(plt, fig, path, caption)
 

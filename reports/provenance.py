@@ -6,7 +6,7 @@ from collections import Counter
 
 from . import markdown as md
 from .records import Record, RecordSet, dig, status_of
-from .schemas import DECODE, KNOWN_SCHEMAS
+from .schemas import DECODE, EVAL, KNOWN_SCHEMAS
 
 
 def _counted(values: list[str]) -> str:
@@ -72,6 +72,10 @@ def provenance_header(record_set: RecordSet, notes: md.Notes, sources: list[str]
     if decode:
         weights = ["dummy" if dig(r, "cell", "dummy_weights") else "real" for r in decode]
         lines.append(f"- Decode weights: {_counted(weights)}")
+    engines = [f"{r['engine']}, {r['selection']}" if r.get("selection") else str(r["engine"])
+               for r in record_set.get(EVAL) or () if r.get("engine")]  # fmt: skip
+    if engines:
+        lines.append(f"- Eval engines (how the selection ran): {_counted(engines)}")
     models = sorted({str(m) for m in (dig(r, "cell", "model") for r in records) if m})
     if models:
         lines.append(f"- Models: {', '.join(models)}")

@@ -10,7 +10,7 @@ import pandas as pd
 from . import markdown as md
 from .records import Record, dig, status_of
 
-TABLE_KEYS = ["suite", "model", "context_tokens"]
+TABLE_KEYS = ["suite", "model", "engine", "context_tokens"]  # engines apart: the same cell from two is two cells
 ROW_KEYS = ["task", "budget_sort"]
 CELL_KEYS = TABLE_KEYS + ROW_KEYS + ["arm_label"]
 ALL_TASKS = "(all tasks)"
@@ -37,6 +37,7 @@ def _row(record: Record) -> dict:
     return {
         "suite": str(cell.get("suite") or "?"),
         "model": str(cell.get("model") or "?"),
+        "engine": str(record.get("engine") or "?"),
         "context_tokens": int(cell.get("context_tokens") or 0),
         "task": str(cell.get("task") or "?"),
         "budget_sort": FULL_BUDGET if budget is None else float(budget),
@@ -75,6 +76,11 @@ def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values(TABLE_KEYS + ["task_sort", "task", "budget_sort", "arm_label"], kind="stable").drop(columns="task_sort")
 
 
+def engine_text(engine: str) -> str:
+    """`, vllm engine` for a table title; records written before they named their engine show none."""
+    return "" if engine == "?" else f", {engine} engine"
+
+
 def budget_text(budget: float) -> str:
     return "full" if budget == FULL_BUDGET else str(int(budget))
 
@@ -85,7 +91,7 @@ def render_quality(frame: pd.DataFrame, notes: md.Notes) -> str:
     if table.empty:
         return ""
     parts = ["## Quality vs budget (mean score, 95% bootstrap CI over records)"]
-    for (suite, model, context), group in table.groupby(TABLE_KEYS, sort=True):
+    for (suite, model, engine, context), group in table.groupby(TABLE_KEYS, sort=True):
         arms = sorted(group["arm_label"].unique())
         rows = []
         for (task, budget), cells in group.groupby(ROW_KEYS, sort=False):
@@ -107,5 +113,5 @@ def render_quality(frame: pd.DataFrame, notes: md.Notes) -> str:
                     text += notes.mark(f"{where}: {cell['failures']}")
                 row.append(text)
             rows.append(row)
-        parts += ["", f"### {suite} — {model} @ {md.fmt_tokens(context)}", "", md.table(["Task", "Budget"] + arms, rows, "ll" + "r" * len(arms))]
+        parts += ["", f"### {suite} — {model} @ {md.fmt_tokens(context)}{engine_text(engine)}", "", md.table(["Task", "Budget"] + arms, rows, "ll" + "r" * len(arms))]
     return "\n".join(parts)

@@ -246,6 +246,16 @@ def test_quality_table_counts_failures_and_pools_tasks():
     assert pooled["n"] == 12 and pooled["mean"] == pytest.approx((6 * 1.0 + 5.0) / 12)
 
 
+def test_the_same_cell_from_two_engines_is_two_cells_in_two_tables():
+    base = [r for r in records("eval") if r.get("status") == "ok"][:3]
+    both = [{**r, "engine": "transformers"} for r in base] + [{**r, "engine": "vllm", "score": 1.0 - r["score"]} for r in base]
+    table = quality_table(eval_frame(both))
+    per_engine = table[table["task"] != "(all tasks)"].groupby("engine")["n"].sum()
+    assert per_engine.to_dict() == {"transformers": 3, "vllm": 3}  # neither engine's records replace the other's
+    text = render_quality(eval_frame(both), md.Notes())
+    assert ", transformers engine" in text and ", vllm engine" in text
+
+
 def test_microscope_combines_mean_max_and_sum():
     frame = microscope_frame(records("microscope"))
     row = fidelity_table(frame).set_index(["budget_tokens", "selector_label"]).loc[(2048, "locks r8i4")]
