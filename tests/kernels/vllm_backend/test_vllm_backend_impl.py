@@ -44,15 +44,25 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def run_steps(model_dir, generator, **locks):
+def run_steps(model_dir, generator, per_request=None, **locks):
     """Prefill PROMPT_LENS, then DECODE_STEPS single-token decodes; returns the keys and values of
-    every token and the last decode step's (query, Locks step, output)."""
+    every token and the last decode step's (query, Locks step, output). `per_request`: each sequence's
+    `extra_args` (None: the engine's settings), served through the per-request logits processor."""
     from locks_toolkit.kernels.vllm_backend.backend_cpu import LocksCpuBackend, LocksCpuBuilder, LocksCpuImpl
+    from locks_toolkit.kernels.vllm_backend.settings import REQUEST_SETTINGS_PROCESSOR
 
     config = EngineArgs(
         model=str(model_dir), skip_tokenizer_init=True, load_format="dummy", block_size=PAGE, max_model_len=512,
         max_num_seqs=8, dtype="float32", additional_config={"locks": locks},
+        logits_processors=[REQUEST_SETTINGS_PROCESSOR] if per_request else None,
     ).create_engine_config()
+    if per_request:
+        from locks_toolkit.kernels.vllm_backend.request_settings import RequestSettings
+        from vllm import SamplingParams
+        from vllm.v1.sample.logits_processor import BatchUpdate
+
+        added = [(i, SamplingParams(extra_args=args), [0] * n, []) for i, (args, n) in enumerate(zip(per_request, PROMPT_LENS))]
+        RequestSettings(config, torch.device("cpu"), False).update_state(BatchUpdate(len(added), [], added, []))
     scale = D**-0.5
     spec = FullAttentionSpec(block_size=PAGE, num_kv_heads=HKV, head_size=D, dtype=torch.float32)
     with set_current_vllm_config(config):
@@ -127,6 +137,22 @@ def test_decode_rows_match_sparse_attention_over_the_reference_selection(model_d
     if budget >= max(PROMPT_LENS) + DECODE_STEPS:  # every page fits: the Locks path is exact dense attention
         assert all((step.selected_pages[row] >= 0).sum(-1).tolist() == [math.ceil((n + DECODE_STEPS) / PAGE)] * HKV
                    for row, n in enumerate(PROMPT_LENS))
+
+
+def test_per_request_rows_each_get_their_own_selection_in_one_step(model_dir):
+    """One decode step, three settings: Locks b=48, exact attention, Locks b=32 (the engine's budget is 2048)."""
+    counters.reset()
+    settings = [{"locks": {"budget": 48}}, {"locks": {"scorer": "dense"}}, {"locks": {"scorer": "locks", "budget": 32}}]
+    keys, values, query, step, output, _ = run_steps(model_dir, torch.Generator().manual_seed(7), per_request=settings,
+                                                     budget=2048)  # fmt: skip
+    assert sorted(g.selection.label() for g in step.groups) == ["dense", "locks b=32", "locks b=48"]
+    for row, budget in ((0, 48), (1, 4096), (2, 32)):
+        _, want = expected_selection_and_output(keys, values, query, budget)
+        torch.testing.assert_close(output[row], want[row], rtol=1e-4, atol=1e-5)
+    _, engine_default = expected_selection_and_output(keys, values, query, 2048)
+    assert not torch.allclose(output[0], engine_default[0], atol=1e-3)  # b=48 really selected fewer pages
+    counts = counters.snapshot()  # 2 decode steps x 1 layer: row 1 exact, rows 0 and 2 sparse (more pages than k)
+    assert counts["full_kv_rows"] == DECODE_STEPS and counts["sparse_decode_rows"] == 2 * DECODE_STEPS
 
 
 def test_sparse_selection_really_differs_from_dense(model_dir):
