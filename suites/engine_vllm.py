@@ -147,11 +147,13 @@ class VllmEngine:
 
     def _sampling(self, stop: StopRule, request: Any) -> Any:
         if self.preset:  # no detokenizer in the engine: stop on the newline byte's id
-            newline = {"stop_token_ids": [ByteTokenizer.newline_id]} if stop.newline else {}
-            return self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens, detokenize=False,
-                                            extra_args=request_settings(request), **newline)  # fmt: skip
+            ending: dict[str, Any] = {"detokenize": False}
+            if stop.newline:
+                ending["stop_token_ids"] = [ByteTokenizer.newline_id]
+        else:
+            ending = {"stop": ["\n"] if stop.newline else None}
         return self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens,
-                                        stop=["\n"] if stop.newline else None, extra_args=request_settings(request))
+                                        extra_args=request_settings(request), **ending)
 
     def _prompt(self, instance: Any, ids: list[int]) -> Any:
         if self.preset or getattr(instance, "token_ids", None) is not None:

@@ -61,10 +61,11 @@ class RequestSelection:
         return DENSE if self.dense else f"{self.scorer} b={self.budget_tokens}"
 
 
-def parse_request_selection(extra_args: Mapping[str, Any] | None, default_budget: int | None = None) -> RequestSelection | None:
+def parse_request_selection(extra_args: Mapping[str, Any] | None) -> RequestSelection | None:
     """`SamplingParams.extra_args` -> the request's selection (None: no "locks" entry, the engine's settings).
 
-    A sparse scorer without a budget takes `default_budget` (the engine's); raises ConfigError naming the fix.
+    A sparse scorer without a budget gets budget None: the engine's, filled in by `row_groups`. Raises
+    ConfigError naming the fix.
     """
     raw = (extra_args or {}).get(EXTRA_ARGS_KEY)
     if raw is None:
@@ -78,13 +79,13 @@ def parse_request_selection(extra_args: Mapping[str, Any] | None, default_budget
     scorer = raw.get("scorer", "locks")
     if scorer not in REQUEST_SCORERS:
         raise ConfigError(f"request scorer {scorer!r} unknown; use one of {', '.join(REQUEST_SCORERS)}")
-    budget = raw.get("budget", None if scorer == DENSE else default_budget)
+    budget = raw.get("budget")
     if scorer == DENSE:
         if "budget" in raw:
             raise ConfigError('a "dense" request attends every page; drop its "budget"')
         return RequestSelection(DENSE, None)
     if budget is None:
-        return RequestSelection(scorer, None)  # the engine's budget, filled in by the builder
+        return RequestSelection(scorer, None)
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise ConfigError(f"request budget must be an integer number of tokens (e.g. 512), got {budget!r}")
     SelectionConfig(budget_tokens=budget)  # the same budget rules as the engine's (ConfigError)

@@ -26,7 +26,7 @@ def test_settings_parse_into_a_selection_and_default_to_the_engine():
     assert rs.parse_request_selection({"locks": {"scorer": "quest", "budget": 256}}) == rs.RequestSelection("quest", 256)
     assert rs.parse_request_selection({"locks": {"scorer": "dense"}}).dense
     assert rs.parse_request_selection({"locks": {"budget": 512}}) == rs.RequestSelection("locks", 512)
-    assert rs.parse_request_selection({"locks": {"scorer": "oracle"}}, default_budget=1024).budget_tokens == 1024
+    assert rs.parse_request_selection({"locks": {"scorer": "oracle"}}) == rs.RequestSelection("oracle", None)  # the engine's
     assert rs.RequestSelection("locks", 512).page_budget == 32
 
 
