@@ -33,13 +33,15 @@ def run(
     stop_at_newline: Optional[bool] = typer.Option(None, "--stop-at-newline/--no-stop-at-newline", help="Stop a generation at its first line break after some text (default: on)."),
     engine: Optional[str] = typer.Option(None, "--engine", help="transformers (CPU/GPU, any arm) or vllm (the Locks backend, one engine for every arm and budget; the GPU, else vLLM's CPU engine) (default: transformers)."),
     dummy_weights: Optional[bool] = typer.Option(None, "--dummy-weights/--real-weights", help="vLLM only: random weights (plumbing check; recorded) (default: real)."),
+    skip_unfit: Optional[bool] = typer.Option(None, "--skip-unfit", help="Leave out (and log) each task x length whose fixed text does not fit that length with the model's tokenizer, instead of stopping."),
 ) -> None:
     """Run quality tasks for every arm x budget; print mean score per task x arm x budget at the end."""
     from ..suites.eval_runner import EvalConfigError, config_from_mapping, load_config_file
 
     cli = {"suite": suite, "tasks": tasks, "lengths": lengths, "samples": samples, "budgets": budgets, "arms": arms,
            "model": model, "out": out, "seed": seed, "data_dir": data_dir, "max_new_tokens": max_new_tokens,
-           "stop_at_newline": stop_at_newline, "engine": engine, "dummy_weights": dummy_weights}  # fmt: skip
+           "stop_at_newline": stop_at_newline, "engine": engine, "dummy_weights": dummy_weights,
+           "skip_unfit": skip_unfit}  # fmt: skip
     try:
         if config_file is not None:
             config = load_config_file(config_file, cli)

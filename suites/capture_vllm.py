@@ -25,6 +25,7 @@ import torch
 
 from ..kernels.config import PAGE_SIZE
 from ..kernels.vllm_backend.debug import layer_index  # torch only: no vLLM import
+from .engine_vllm import position_limit
 from .models import DecodeCapture
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,9 @@ def _child(model_dir: str, arm_name: str, budget: int, layers: list[int], group:
     kwargs = arm.engine_kwargs(knobs)
     kwargs["additional_config"]["locks"]["debug_capture_layers"] = layers
     longest = max(len(p) for p in prompts) + steps + 1
-    llm = LLM(model_dir, dtype=dtype, max_model_len=longest + PAGE_SIZE, max_num_batched_tokens=longest + PAGE_SIZE,
+    limit = position_limit(model_dir)  # a page of slack, where the model's positions allow it
+    size = longest + PAGE_SIZE if limit is None else max(longest, min(longest + PAGE_SIZE, limit))
+    llm = LLM(model_dir, dtype=dtype, max_model_len=size, max_num_batched_tokens=size,
               enforce_eager=True, enable_prefix_caching=False, seed=0, **kwargs)
     results = []
     for ids in prompts:

@@ -19,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import json
 import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from .engine_hf import Generation, StopRule
@@ -35,6 +37,9 @@ _BACKEND_SCORERS = ("locks", "oracle", "quest", "centroid")
 
 # How every record of this engine selected its pages (stored in each record's `selection`).
 SELECTION = "per-request: one engine per summary format, prefix caching, eager"
+
+# Tokens an engine is sized past its longest request when the model allows it.
+_SLACK_TOKENS = 16
 
 
 class VllmUnavailableError(RuntimeError):
@@ -178,18 +183,30 @@ class VllmEngine:
         budgets = [r.budget_tokens for rs in requests.values() for r in rs if r.budget_tokens is not None]
         for fmt, cells in groups:
             ids = {instance.instance_id: _prompt_ids(instance, self.tokenizer) for instance, _ in cells}
-            max_len = max(len(i) for i in ids.values()) + stop.max_new_tokens + 16
-            yield from self._generate(self._llm_for(fmt, max(budgets, default=2048), max_len), cells, ids, stop)
+            need = max(len(i) for i in ids.values()) + stop.max_new_tokens
+            yield from self._generate(self._llm_for(fmt, max(budgets, default=2048), need), cells, ids, stop)
 
-    def _llm_for(self, summary_format: str, budget: int, max_len: int) -> Any:
+    def _engine_length(self, need: int) -> int:
+        """The max_model_len of an engine whose longest request needs `need` tokens: the run's size or a little
+        slack over `need`, never past the model's position limit (vLLM refuses a longer engine)."""
+        size = max(need + _SLACK_TOKENS, self.max_model_len or 0)
+        limit = None if self.preset else position_limit(self.model_name)
+        if limit is None:
+            return size
+        if need > limit:
+            raise ValueError(f"a request needs {need} tokens (prompt + generation) but {self.model_name} holds "
+                             f"{limit} positions; use shorter --lengths")  # fmt: skip
+        return min(size, limit)
+
+    def _llm_for(self, summary_format: str, budget: int, need: int) -> Any:
         """The engine of `summary_format`, kept across calls (a run's task x length groups share it) while its
         context fits; a new format or a longer context starts a new one in its place."""
         if self._llm is not None:
             fmt, length, llm = self._llm
-            if fmt == summary_format and length >= max_len:
+            if fmt == summary_format and length >= need:
                 return llm
             self.close()
-        max_len = max(max_len, self.max_model_len or 0)
+        max_len = self._engine_length(need)
         spawn_engine_processes()
         kwargs, env = self._llm_kwargs(summary_format, budget, max_len)
         with _environment(env):  # read by the engine's processes as they start
@@ -241,6 +258,16 @@ def spawn_engine_processes() -> None:
     2026-11-29); in-process engines instead keep each arm's memory until the next one starts.
     """
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+
+
+def position_limit(model: str) -> int | None:
+    """The model folder's `max_position_embeddings` (its text config's for multimodal configs), None if unknown."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    value = config.get("max_position_embeddings", config.get("text_config", {}).get("max_position_embeddings"))
+    return int(value) if value else None
 
 
 def _prompt_ids(instance: Any, tokenizer: Any) -> list[int]:

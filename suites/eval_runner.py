@@ -31,6 +31,7 @@ from . import catalog
 from .arms import Arm, parse_arms
 from .engine_hf import Generation, StopRule, load_engine
 from .instances import Instance
+from .length_fit import LengthError
 from .task_spec import SUITES, TaskSpec, list_tasks, load_task
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class EvalConfig:
     combine: str = "share_average"
     engine: str = "transformers"
     dummy_weights: bool = False  # vLLM only: random weights, a plumbing check (recorded)
+    skip_unfit: bool = False  # run the (task, length) pairs that fit and log the others, instead of stopping
 
     def __post_init__(self) -> None:
         if self.suite not in SUITES:
@@ -147,7 +149,7 @@ def parse_ints(text: str | Iterable[Any], what: str) -> tuple[int, ...]:
 def config_from_mapping(raw: Mapping[str, Any], source: str = "config") -> EvalConfig:
     """An EvalConfig from a YAML mapping / CLI values (keys as the CLI options, lists or comma strings)."""
     known = {"suite", "tasks", "lengths", "samples", "budgets", "arms", "model", "out", "seed", "data_dir",
-             "max_new_tokens", "stop_at_newline", "combine", "engine", "dummy_weights"}  # fmt: skip
+             "max_new_tokens", "stop_at_newline", "combine", "engine", "dummy_weights", "skip_unfit"}  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
         raise EvalConfigError(f"{source}: unknown keys {unknown}; allowed: {sorted(known)}")
@@ -162,8 +164,8 @@ def config_from_mapping(raw: Mapping[str, Any], source: str = "config") -> EvalC
         arms = parse_arms(names(raw["arms"]))
     except ValueError as error:
         raise EvalConfigError(str(error)) from None
-    optional = {key: raw[key] for key in ("seed", "max_new_tokens", "stop_at_newline", "combine", "engine", "dummy_weights")
-                if raw.get(key) is not None}  # fmt: skip
+    optional = {key: raw[key] for key in ("seed", "max_new_tokens", "stop_at_newline", "combine", "engine", "dummy_weights",
+                                          "skip_unfit") if raw.get(key) is not None}  # fmt: skip
     return EvalConfig(
         suite=str(raw["suite"]),
         tasks=names(raw["tasks"]),
@@ -236,14 +238,26 @@ def _stop_rule(config: EvalConfig, spec: TaskSpec) -> StopRule:
 
 
 def plan_instances(config: EvalConfig, count_tokens: Callable[[str], int]) -> list[tuple[TaskSpec, int, list[Instance]]]:
-    """(task, length, instances) groups; the catalog raises clear errors for missing data files."""
-    groups = []
+    """(task, length, instances) groups; the catalog raises clear errors for missing data files.
+
+    A task whose fixed text does not fit a length with this tokenizer (RULER's cwe and qa_2 at 4K with
+    Gemma's digit-by-digit tokenizer) stops the run with every such pair named, before anything runs, unless
+    `skip_unfit`: then those pairs are logged and left out, and the rest runs."""
+    groups, unfit = [], []
     for task in config.tasks:
         spec = load_task(task)
         for length in config.lengths:
-            instances = list(catalog.iter_instances(spec, length, config.samples, count_tokens, config.seed,
-                                                    data_dir=config.data_dir))  # fmt: skip
+            try:
+                instances = list(catalog.iter_instances(spec, length, config.samples, count_tokens, config.seed,
+                                                        data_dir=config.data_dir))  # fmt: skip
+            except LengthError as error:
+                unfit.append(str(error))
+                continue
             groups.append((spec, length, instances))
+    if unfit and not config.skip_unfit:
+        raise LengthError("; ".join(unfit) + ". Drop those tasks or lengths, or pass --skip-unfit to run the rest")
+    for reason in unfit:
+        logger.warning("left out: %s", reason)
     return groups
 
 

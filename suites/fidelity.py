@@ -238,8 +238,10 @@ def _vllm_captures(config: MicroscopeConfig, loaded, prompts: list[NiahPrompt]):
     model_dir = vllm_model_dir(resolve_model_source(config.model), loaded=loaded)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     geometry = loaded.geometry
+    # bf16 on the GPU, as deployed (its stock attention serves no fp32); fp32 on the CPU engine
+    dtype = "bfloat16" if device == "cuda" else "float32"
     return vllm_decode_captures(model_dir, [list(p.token_ids) for p in prompts], config.decode_steps,
-                                geometry.global_layers, geometry.group_size, device)
+                                geometry.global_layers, geometry.group_size, device, dtype)
 
 
 def capture_agreement(engine: DecodeCapture, reference: DecodeCapture) -> dict:

@@ -76,6 +76,28 @@ def test_records_scores_and_resume(tmp_path):
     assert run_eval(config, FakeEngine(), command="x").done == 0
 
 
+class WordyEngine(FakeEngine):
+    """Counts three tokens per word, so cwe's fixed text (a solved example of ~190 words) outgrows 1K."""
+
+    def count_tokens(self, text: str) -> int:
+        return 3 * approx_count_tokens(text)
+
+
+def test_a_task_that_does_not_fit_a_length_stops_the_run_unless_skip_unfit(tmp_path):
+    from locks_toolkit.suites.length_fit import LengthError
+
+    out = tmp_path / "eval.jsonl"
+    config = _config(out, tasks="niah_single_1,cwe", lengths="1k,16k", samples=1, arms="fullkv", budgets="")
+    with pytest.raises(LengthError, match=r"cwe: length 1024 .*--skip-unfit"):
+        run_eval(config, WordyEngine(), command="x")
+    assert not out.exists()  # nothing ran
+    engine = WordyEngine()
+    run_eval(_config(out, tasks="niah_single_1,cwe", lengths="1k,16k", samples=1, arms="fullkv", budgets="",
+                     skip_unfit=True), engine, command="x")  # fmt: skip
+    ran = {(r["cell"]["task"], r["cell"]["context_tokens"]) for r in read_records(out)}
+    assert ran == {("niah_single_1", 1024), ("niah_single_1", 16384), ("cwe", 16384)}
+
+
 def test_fullkv_correct_false_when_fullkv_fails(tmp_path):
     out = tmp_path / "eval.jsonl"
     run_eval(_config(out, budgets="64", arms="fullkv,quest"), FakeEngine(solves_from=10**9), command="x")

@@ -41,6 +41,20 @@ def test_on_a_machine_without_cuda_the_engine_is_the_cpu_platform(tmp_path, monk
     assert kwargs["skip_tokenizer_init"] is True and kwargs["model"].endswith(tuple("0123456789abcdef"))
 
 
+def test_the_engine_is_sized_within_the_models_positions(tmp_path):
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 32768}')
+    engine = _engine(preset=False)
+    engine.model_name, engine.max_model_len = str(tmp_path), 32768 + 1024
+    assert engine._engine_length(32768) == 32768  # a 32K RULER prompt + its generation fills the model exactly
+    assert engine._engine_length(4000) == 32768
+    engine.max_model_len = None
+    assert engine._engine_length(4000) == 4016
+    with pytest.raises(ValueError, match="holds 32768 positions; use shorter --lengths"):
+        engine._engine_length(32769)
+    engine.model_name = str(tmp_path / "absent")
+    assert engine._engine_length(40000) == 40016
+
+
 @pytest.mark.parametrize("label, budget", [("locks:r4i8", 256), ("quest", 64), ("oracle", 128), ("centroid", 512),
                                            ("fullkv", None)])  # fmt: skip
 def test_each_request_carries_its_arm_and_budget_as_the_backend_reads_them(label, budget):
