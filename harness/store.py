@@ -8,6 +8,7 @@ reader skips with a warning (and the next append starts on a fresh line).
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import math
@@ -64,12 +65,13 @@ def _ends_torn(fd: int) -> bool:
 
 
 def read_records(path: str | os.PathLike) -> list[dict]:
-    """Every complete record of a JSONL file, in order; torn or corrupt lines are skipped with a warning."""
+    """Every complete record of a JSONL file (`.jsonl.gz`: gzip-compressed, as large result sets are kept in
+    the repository), in order; torn or corrupt lines are skipped with a warning."""
     path = Path(path)
     if not path.exists():
         return []
     records: list[dict] = []
-    with path.open("rb") as handle:
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")) as handle:
         for number, raw in enumerate(handle, start=1):
             text = raw.strip()
             if not text:

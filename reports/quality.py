@@ -58,14 +58,33 @@ def eval_frame(records: Sequence[Record]) -> pd.DataFrame:
     return frame.drop_duplicates(CELL_KEYS + ["record_id"], keep="last").reset_index(drop=True)
 
 
+def common_records(frame: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the (task, record) pairs that every arm of their table ran: the arms' pooled means then
+    compare the same prompts, not one arm's many tasks with another's few."""
+    arms = frame.groupby(TABLE_KEYS)["arm_label"].transform("nunique")
+    return frame[frame.groupby(TABLE_KEYS + ["task", "record_id"])["arm_label"].transform("nunique") == arms]
+
+
+def pooled_tasks(frame: pd.DataFrame) -> dict[tuple, tuple[list[str], list[str]]]:
+    """Per table key: (the tasks its `(all tasks)` row pools, the tasks left out because some arm lacks them)."""
+    common = common_records(frame)
+    result = {}
+    for key, group in frame.groupby(TABLE_KEYS, sort=True):
+        kept = sorted(common.merge(pd.DataFrame([dict(zip(TABLE_KEYS, key))]), on=TABLE_KEYS)["task"].unique())
+        result[key] = (kept, sorted(set(group["task"]) - set(kept)))
+    return result
+
+
 def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per cell: n, mean score and its 95% bootstrap CI, plus a sentence for unscored records.
 
-    When a suite has several tasks, an `(all tasks)` row pools their records.
+    When a table has several tasks, an `(all tasks)` row pools the records that every arm ran
+    (`common_records`).
     """
     if frame.empty:
         return pd.DataFrame(columns=CELL_KEYS + ["n", "mean", "low", "high", "failures"])
-    pooled = frame[frame.groupby(TABLE_KEYS)["task"].transform("nunique") > 1].assign(task=ALL_TASKS)
+    common = common_records(frame)
+    pooled = common[common.groupby(TABLE_KEYS)["task"].transform("nunique") > 1].assign(task=ALL_TASKS)
     rows = []
     for key, group in pd.concat([frame, pooled]).groupby(CELL_KEYS, sort=True):
         scores = group.loc[group["status"] == "ok", "score"].to_numpy()
@@ -91,11 +110,17 @@ def render_quality(frame: pd.DataFrame, notes: md.Notes) -> str:
     if table.empty:
         return ""
     parts = ["## Quality vs budget (mean score, 95% bootstrap CI over records)"]
+    pooled = pooled_tasks(frame)
     for (suite, model, engine, context), group in table.groupby(TABLE_KEYS, sort=True):
         arms = sorted(group["arm_label"].unique())
+        kept, left_out = pooled.get((suite, model, engine, context), ([], []))
         rows = []
         for (task, budget), cells in group.groupby(ROW_KEYS, sort=False):
             row = [task, budget_text(budget)]
+            if task == ALL_TASKS and left_out:
+                row[0] = task + notes.mark(f"{suite} @ {md.fmt_tokens(context)}: the pooled row holds the records every "
+                                           f"arm ran ({', '.join(kept)}); left out, not run by every arm: "
+                                           f"{', '.join(left_out)}")  # fmt: skip
             for arm in arms:
                 hit = cells[cells["arm_label"] == arm]
                 if hit.empty:

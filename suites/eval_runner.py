@@ -240,9 +240,9 @@ def _stop_rule(config: EvalConfig, spec: TaskSpec) -> StopRule:
 def plan_instances(config: EvalConfig, count_tokens: Callable[[str], int]) -> list[tuple[TaskSpec, int, list[Instance]]]:
     """(task, length, instances) groups; the catalog raises clear errors for missing data files.
 
-    A task whose fixed text does not fit a length with this tokenizer (RULER's cwe and qa_2 at 4K with
-    Gemma's digit-by-digit tokenizer) stops the run with every such pair named, before anything runs, unless
-    `skip_unfit`: then those pairs are logged and left out, and the rest runs."""
+    A task whose fixed text does not fit a length with this tokenizer (a one-shot example, a question's gold
+    documents) stops the run with every such pair named, before anything runs, unless `skip_unfit`: then
+    those pairs are logged and left out, and the rest runs."""
     groups, unfit = [], []
     for task in config.tasks:
         spec = load_task(task)

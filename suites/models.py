@@ -116,17 +116,48 @@ def _quiet_gguf_loader() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+class TokenizerError(ValueError):
+    """A tokenizer converted from a GGUF file splits plain English into far too many pieces."""
+
+
+# Plain English words: any working subword tokenizer gives about 1.0-1.5 tokens per word.
+_TOKENIZER_PROBE = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+                    "What is the special magic number mentioned in the provided text?")  # fmt: skip
+_MAX_TOKENS_PER_WORD = 2.0
+
+
+def check_tokenizer(tokenizer: Any, what: str) -> None:
+    """Raise TokenizerError when `tokenizer` cuts the probe sentence into more than 2 tokens per word.
+
+    transformers 5.17's GGUF converter builds such a tokenizer for Gemma-3 (no BOS, 'So' 'me' ' s' 'pe' ...):
+    the model then reads text it was never trained on and its scores mean nothing (5.24 converts it right).
+    """
+    import transformers
+
+    words = len(_TOKENIZER_PROBE.split())
+    count = len(tokenizer.encode(_TOKENIZER_PROBE))
+    if count > _MAX_TOKENS_PER_WORD * words + 2:  # + BOS and EOS
+        raise TokenizerError(
+            f"the tokenizer transformers {transformers.__version__} converted from {what} splits {words} plain English "
+            f"words into {count} tokens, a broken conversion; upgrade transformers (5.24 converts Gemma-3 right), or "
+            f"put the model's own tokenizer.json and tokenizer_config.json beside the GGUF file (then they are used)")
+
+
 def load_hf_model(folder: Path, gguf_name: str | None, source: str, dtype: torch.dtype = torch.float32) -> LoadedModel:
     """A causal LM and its tokenizer through transformers: a HF folder, or one GGUF file in `folder`
-    (dequantized on load; about 50 s for Gemma-3-270M on 2 cores)."""
+    (dequantized on load; about 50 s for Gemma-3-270M on 2 cores). A GGUF's tokenizer comes from a
+    `tokenizer.json` beside it when there is one, else from converting the GGUF (checked: `check_tokenizer`)."""
     for module, package in _REQUIRED_MODULES:
         _import_or_fail(module, package)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
     extra = {"gguf_file": gguf_name} if gguf_name else {}
+    own_tokenizer = bool(gguf_name) and (Path(folder) / "tokenizer.json").is_file()
     with _quiet_gguf_loader():
-        tokenizer = AutoTokenizer.from_pretrained(folder, **extra)
+        tokenizer = AutoTokenizer.from_pretrained(folder, **({} if own_tokenizer else extra))
+        if gguf_name and not own_tokenizer:
+            check_tokenizer(tokenizer, gguf_name)
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **extra)
     model.eval()
     seconds = time.perf_counter() - start

@@ -44,6 +44,18 @@ def test_torn_last_line_is_skipped_with_a_warning_and_sealed_by_the_next_append(
     assert read_records(path) == [_record(0), _record(2)]
 
 
+def test_a_gzipped_store_reads_as_its_jsonl(tmp_path):
+    import gzip
+
+    path = tmp_path / "bench.jsonl"
+    records = [_record(i) for i in range(4)]
+    for record in records:
+        append_record(path, record)
+    packed = tmp_path / "bench.jsonl.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert read_records(packed) == records
+
+
 def test_missing_file_reads_as_empty(tmp_path):
     assert read_records(tmp_path / "nope.jsonl") == []
 

@@ -246,6 +246,25 @@ def test_quality_table_counts_failures_and_pools_tasks():
     assert pooled["n"] == 12 and pooled["mean"] == pytest.approx((6 * 1.0 + 5.0) / 12)
 
 
+def test_the_pooled_row_holds_only_the_records_every_arm_ran():
+    def rec(task, record_id, arm, budget, score):
+        return {"schema": "locks.eval/1", "status": "ok", "score": score, "engine": "vllm",
+                "cell": {"suite": "ruler", "model": "m", "context_tokens": 4096, "task": task, "record_id": record_id,
+                         "arm": arm, "budget_tokens": budget}}  # fmt: skip
+
+    rows = [rec(t, f"{t}/{i}", arm, b, 1.0) for t in ("a", "b") for i in range(2)
+            for arm, b in (("fullkv", None), ("locks", 64), ("quest", 64))]  # fmt: skip
+    rows += [rec("c", f"c/{i}", arm, b, 0.0) for i in range(8) for arm, b in (("fullkv", None), ("locks", 64))]
+    rows += [rec("a", "a/9", "locks", 64, 0.0)]  # a record only one arm ran
+    frame = eval_frame(rows)
+    table = quality_table(frame).set_index(["task", "arm_label", "budget_sort"])
+    pooled = table.loc[("(all tasks)", "locks", 64.0)]
+    assert pooled["n"] == 4 and pooled["mean"] == 1.0  # not 4 of 13 (c and a/9 left out): the same prompts as quest
+    assert table.loc[("c", "locks", 64.0)]["n"] == 8
+    text = render_quality(frame, notes := md.Notes())
+    assert "(all tasks)[^" in text and "left out, not run by every arm: c" in notes.render()
+
+
 def test_the_same_cell_from_two_engines_is_two_cells_in_two_tables():
     base = [r for r in records("eval") if r.get("status") == "ok"][:3]
     both = [{**r, "engine": "transformers"} for r in base] + [{**r, "engine": "vllm", "score": 1.0 - r["score"]} for r in base]

@@ -120,3 +120,24 @@ def test_bench_decode_refuses_a_missing_gguf_with_the_fix(tmp_path):
     assert result.exit_code != 0
     text = " ".join(result.stderr.split())
     assert "does not exist" in text and "hint:" in text
+
+
+class _SplitTokenizer:
+    """Encodes each word as `pieces` tokens (1-2: a subword tokenizer; 3+: what a broken conversion gives)."""
+
+    def __init__(self, pieces: int) -> None:
+        self.pieces = pieces
+
+    def encode(self, text: str) -> list[int]:
+        return [1] + [7] * (self.pieces * len(text.split()))
+
+
+@pytest.mark.parametrize("pieces, broken", [(1, False), (2, False), (3, True)])
+def test_a_gguf_tokenizer_that_shreds_words_is_refused_with_the_fix(pieces, broken):
+    from locks_toolkit.suites.models import TokenizerError, check_tokenizer
+
+    if not broken:
+        check_tokenizer(_SplitTokenizer(pieces), "m.gguf")
+        return
+    with pytest.raises(TokenizerError, match="m.gguf splits 26 plain English words into 79 tokens.*beside the GGUF file"):
+        check_tokenizer(_SplitTokenizer(pieces), "m.gguf")
