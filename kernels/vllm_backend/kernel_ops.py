@@ -2,8 +2,8 @@
 
 CUDA -> `kernels.triton.ops` (graph safe, caller-preallocated outputs); anything else -> the pure
 torch reference behind the same signatures, so the CPU engine runs the backend's exact call
-sequence. Key-reading scorers (oracle, quest, centroid) always go through the reference scorers
-(eager only; they exist for same-engine quality comparisons, not for speed).
+sequence. Key-reading scorers (oracle, quest, centroid) always go through the reference scorers,
+batched over rows (eager only; they exist for same-engine quality comparisons, not for speed).
 """
 
 from __future__ import annotations
@@ -124,8 +124,21 @@ def _select_each_row(q, block_table, seq_lens, selected_pages, page_budget, comb
         selected_pages[row] = chosen.to(selected_pages.dtype)
 
 
+# Scratch one chunk of rows may take while key-reading scorers score their pages (fp32 keys + products).
+_KEY_SCORE_CHUNK_BYTES = 1 << 30
+
+
 def key_score_select(scorer_name, q, k_cache, block_table, seq_lens, selected_pages, page_budget, scale, combine, num_kv_heads) -> None:
-    """Same contract as score_select, scoring pages from the keys (oracle, quest, centroid)."""
+    """Same contract as score_select, scoring pages from the keys (oracle, quest, centroid).
+
+    On CUDA the rows go in chunks (`key_score_select_batched`): row by row, a batch of hundreds of rows
+    is bound by a dozen launches per row and layer. On the CPU row by row is the faster of the two
+    (2.3-2.9x for 64 rows of 4K tokens, d = 256: each row's keys stay in cache).
+    """
+    if k_cache.is_cuda:
+        key_score_select_batched(scorer_name, q, k_cache, block_table, seq_lens, selected_pages, page_budget, scale,
+                                 combine, num_kv_heads)  # fmt: skip
+        return
     scorer = make_scorer(scorer_name)
 
     def key_scores(row: int, blocks: torch.Tensor, grouped_q: torch.Tensor) -> torch.Tensor:
@@ -133,6 +146,41 @@ def key_score_select(scorer_name, q, k_cache, block_table, seq_lens, selected_pa
         return scorer.scores(scorer.prepare(keys), grouped_q, scale)
 
     _select_each_row(q, block_table, seq_lens, selected_pages, page_budget, combine, num_kv_heads, key_scores)
+
+
+def key_score_select_batched(scorer_name, q, k_cache, block_table, seq_lens, selected_pages, page_budget, scale, combine,
+                             num_kv_heads) -> None:  # fmt: skip
+    """key_score_select in chunks of rows: one gather, score, combine and select per chunk, padded to the
+    chunk's longest table and masked, so each row gets the pages `_select_each_row` gives it."""
+    scorer = make_scorer(scorer_name)
+    num_seqs, num_q_heads, head_dim = q.shape
+    group = num_q_heads // num_kv_heads
+    selected_pages.fill_(-1)
+    lengths = seq_lens[:num_seqs].tolist()
+    live = [row for row, n in enumerate(lengths) if n > 0]  # seq_len 0: CUDA-graph padding rows
+    # fp32 keys of a page, and quest's [G, P, d] products, per KV head
+    page_bytes = PAGE_SIZE * head_dim * 4 * num_kv_heads + group * head_dim * 4 * num_kv_heads
+    start = 0
+    while start < len(live):
+        longest = -(-lengths[live[start]] // PAGE_SIZE)
+        end = start + 1
+        while end < len(live):
+            pages = max(longest, -(-lengths[live[end]] // PAGE_SIZE))
+            if (end - start + 1) * pages * page_bytes > _KEY_SCORE_CHUNK_BYTES:
+                break
+            longest, end = pages, end + 1
+        rows = torch.tensor(live[start:end], device=q.device)
+        lens = seq_lens[rows].long()
+        num_pages = (lens + PAGE_SIZE - 1) // PAGE_SIZE  # [R]
+        blocks = block_table[rows, :longest].long().clamp_min(0)  # past a row's pages: any block, masked below
+        keys = k_cache[blocks].permute(0, 3, 1, 2, 4)  # [R, Hkv, P, 16, d]
+        grouped_q = q[rows].reshape(len(rows), num_kv_heads, group, head_dim).float()
+        scores = scorer.scores(scorer.prepare(keys), grouped_q, scale)  # [R, Hkv, G, P]
+        scored = torch.clamp_min(lens - 1, 0) // PAGE_SIZE  # config.scored_pages, per row
+        mask = (torch.arange(longest, device=q.device) < scored[:, None]).unsqueeze(1).expand(-1, num_kv_heads, -1)
+        chosen = select_pages(combine_group(scores, combine, mask), num_pages[:, None].expand(-1, num_kv_heads), page_budget)
+        selected_pages[rows] = chosen.to(selected_pages.dtype)
+        start = end
 
 
 class TritonOps:
