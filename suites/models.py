@@ -255,7 +255,8 @@ def greedy_decode_capture(loaded: LoadedModel, prompt_ids: Sequence[int], steps:
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
         cache = DynamicCache(config=model.config)
         start = time.perf_counter()
-        out = model(input_ids=ids, cache=cache, use_cache=True)
+        # logits_to_keep=1: the LM head over every position would be 32K x 262K fp32 logits (34 GB) at 32K
+        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         prefill_seconds = time.perf_counter() - start
         next_id = int(out.logits[0, -1].argmax())
         generated = [next_id]
