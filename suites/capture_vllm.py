@@ -124,13 +124,15 @@ def vllm_decode_captures(model_dir: str | Path, prompts: Sequence[Sequence[int]]
     budget = capture_budget(prompts, steps)
     with tempfile.TemporaryDirectory(prefix="locks-capture-") as scratch:
         out = Path(scratch) / "captures.pt"
-        args = json.dumps({"model_dir": str(model_dir), "arm_name": arm_for(device), "budget": budget,
-                           "layers": list(layers), "group": group, "steps": steps,
-                           "prompts": [list(map(int, p)) for p in prompts], "out": str(out), "dtype": dtype})
+        # the arguments go in a file: a 32K-token prompt as one argv string passes the OS limit (E2BIG)
+        args = Path(scratch) / "args.json"
+        args.write_text(json.dumps({"model_dir": str(model_dir), "arm_name": arm_for(device), "budget": budget,
+                                    "layers": list(layers), "group": group, "steps": steps,
+                                    "prompts": [list(map(int, p)) for p in prompts], "out": str(out), "dtype": dtype}))
         env = {k: v for k, v in os.environ.items() if k != "LOCKS_VLLM_CPU"}
         logger.info("capturing %d prompt(s) x %d decode steps in vLLM (%s, budget %d: every page)", len(prompts),
                     steps, arm_for(device), budget)
-        proc = subprocess.run([sys.executable, "-m", __name__, args], env=env, capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", __name__, str(args)], env=env, capture_output=True, text=True,
                               timeout=ENGINE_TIMEOUT_S)
         if proc.returncode != 0 or not out.exists():
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
@@ -147,4 +149,4 @@ def vllm_decode_captures(model_dir: str | Path, prompts: Sequence[Sequence[int]]
 
 
 if __name__ == "__main__":
-    _child(**json.loads(sys.argv[1]))
+    _child(**json.loads(Path(sys.argv[1]).read_text()))
