@@ -264,11 +264,15 @@ def plan_instances(config: EvalConfig, count_tokens: Callable[[str], int]) -> li
 def load_eval_engine(config: EvalConfig) -> Engine:
     """The engine `config.engine` names, loaded for `config.model` (minutes on CPU; vLLM imported only when named)."""
     if config.engine == "vllm":
-        from .engine_vllm import load_vllm_engine
+        from .engine_vllm import load_vllm_engine, position_limit
         from .model_source import resolve_model_source, vllm_model_dir
 
         source = resolve_model_source(config.model)
         model = config.model if source.kind == "preset" else str(vllm_model_dir(source))
+        limit = None if source.kind == "preset" else position_limit(model)
+        if limit is not None and max(config.lengths) > limit:
+            raise EvalConfigError(f"length {max(config.lengths)} is past the {limit} positions {config.model} holds; "
+                                  f"pass --lengths up to {limit}")  # fmt: skip
         # One engine for every (task, length) group of the run: sized once for the longest context.
         return load_vllm_engine(model, combine=config.combine, dummy_weights=config.dummy_weights,
                                 max_model_len=max(config.lengths) + _MAX_NEW_TOKENS_ROOM)

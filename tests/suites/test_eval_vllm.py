@@ -173,3 +173,13 @@ def test_engine_processes_are_spawned_unless_the_user_chose(monkeypatch):
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "fork")
     list(engine.run([instance], {"i0": [request]}, stop))
     assert [method for method, _ in _FakeLLM.env] == ["spawn", "fork"] and _FakeLLM.env[0][1] == "locks_toolkit"
+
+
+def test_a_length_past_the_models_positions_is_refused_before_an_engine_starts(tmp_path):
+    from locks_toolkit.suites.eval_runner import load_eval_engine
+
+    (tmp_path / "config.json").write_text('{"max_position_embeddings": 4096}')
+    config = config_from_mapping({"suite": "ruler", "tasks": "niah_single_1", "lengths": "4k,8k", "arms": "fullkv",
+                                  "model": str(tmp_path), "out": str(tmp_path / "o.jsonl"), "engine": "vllm"})  # fmt: skip
+    with pytest.raises(EvalConfigError, match="length 8192 is past the 4096 positions .* pass --lengths up to 4096"):
+        load_eval_engine(config)
