@@ -67,12 +67,9 @@ def common_records(frame: pd.DataFrame) -> pd.DataFrame:
 
 def pooled_tasks(frame: pd.DataFrame) -> dict[tuple, tuple[list[str], list[str]]]:
     """Per table key: (the tasks its `(all tasks)` row pools, the tasks left out because some arm lacks them)."""
-    common = common_records(frame)
-    result = {}
-    for key, group in frame.groupby(TABLE_KEYS, sort=True):
-        kept = sorted(common.merge(pd.DataFrame([dict(zip(TABLE_KEYS, key))]), on=TABLE_KEYS)["task"].unique())
-        result[key] = (kept, sorted(set(group["task"]) - set(kept)))
-    return result
+    kept = {key: sorted(tasks) for key, tasks in common_records(frame).groupby(TABLE_KEYS)["task"].unique().items()}
+    return {key: (kept.get(key, []), sorted(set(group["task"]) - set(kept.get(key, []))))
+            for key, group in frame.groupby(TABLE_KEYS, sort=True)}  # fmt: skip
 
 
 def quality_table(frame: pd.DataFrame) -> pd.DataFrame:

@@ -25,7 +25,7 @@ import torch
 
 from ..kernels.config import PAGE_SIZE
 from ..kernels.vllm_backend.debug import layer_index  # torch only: no vLLM import
-from .engine_vllm import position_limit
+from .engine_vllm import engine_length
 from .models import DecodeCapture
 
 logger = logging.getLogger(__name__)
@@ -98,8 +98,7 @@ def _child(model_dir: str, arm_name: str, budget: int, layers: list[int], group:
     kwargs = arm.engine_kwargs(knobs)
     kwargs["additional_config"]["locks"]["debug_capture_layers"] = layers
     longest = max(len(p) for p in prompts) + steps + 1
-    limit = position_limit(model_dir)  # a page of slack, where the model's positions allow it
-    size = longest + PAGE_SIZE if limit is None else max(longest, min(longest + PAGE_SIZE, limit))
+    size = engine_length(longest, longest + PAGE_SIZE, model_dir)  # a page of slack, where the positions allow it
     llm = LLM(model_dir, dtype=dtype, max_model_len=size, max_num_batched_tokens=size,
               enforce_eager=True, enable_prefix_caching=False, seed=0, **kwargs)
     results = []

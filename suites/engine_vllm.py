@@ -188,15 +188,9 @@ class VllmEngine:
 
     def _engine_length(self, need: int) -> int:
         """The max_model_len of an engine whose longest request needs `need` tokens: the run's size or a little
-        slack over `need`, never past the model's position limit (vLLM refuses a longer engine)."""
+        slack over `need` (`engine_length`)."""
         size = max(need + _SLACK_TOKENS, self.max_model_len or 0)
-        limit = None if self.preset else position_limit(self.model_name)
-        if limit is None:
-            return size
-        if need > limit:
-            raise ValueError(f"a request needs {need} tokens (prompt + generation) but {self.model_name} holds "
-                             f"{limit} positions; use shorter --lengths")  # fmt: skip
-        return min(size, limit)
+        return size if self.preset else engine_length(need, size, self.model_name)
 
     def _llm_for(self, summary_format: str, budget: int, need: int) -> Any:
         """The engine of `summary_format`, kept across calls (a run's task x length groups share it) while its
@@ -268,6 +262,18 @@ def position_limit(model: str) -> int | None:
     config = json.loads(path.read_text())
     value = config.get("max_position_embeddings", config.get("text_config", {}).get("max_position_embeddings"))
     return int(value) if value else None
+
+
+def engine_length(need: int, size: int, model: str) -> int:
+    """`size` (>= need) clamped to the positions `model`'s folder holds, since vLLM refuses a longer engine;
+    one clear ValueError when even `need` (prompt + generation) does not fit."""
+    limit = position_limit(model)
+    if limit is None:
+        return size
+    if need > limit:
+        raise ValueError(f"a request needs {need} tokens (prompt + generation) but {model} holds {limit} positions; "
+                         "use shorter --lengths")  # fmt: skip
+    return min(size, limit)
 
 
 def _prompt_ids(instance: Any, tokenizer: Any) -> list[int]:
