@@ -132,8 +132,8 @@ def key_score_select(scorer_name, q, k_cache, block_table, seq_lens, selected_pa
     """Same contract as score_select, scoring pages from the keys (oracle, quest, centroid).
 
     On CUDA the rows go in chunks (`key_score_select_batched`): row by row, a batch of hundreds of rows
-    is bound by a dozen launches per row and layer. On the CPU row by row is the faster of the two
-    (2.3-2.9x for 64 rows of 4K tokens, d = 256: each row's keys stay in cache).
+    is bound by a dozen launches per row and layer. On the CPU row by row was the faster of the two in a
+    side-by-side run (each row's keys stay in cache; the chunks' padded intermediates do not).
     """
     if k_cache.is_cuda:
         key_score_select_batched(scorer_name, q, k_cache, block_table, seq_lens, selected_pages, page_budget, scale,
