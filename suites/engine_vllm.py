@@ -160,13 +160,6 @@ class VllmEngine:
         return self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens,
                                         extra_args=request_settings(request), **ending)
 
-    def _prompt(self, instance: Any, ids: list[int]) -> Any:
-        if self.preset or getattr(instance, "token_ids", None) is not None:
-            from vllm.inputs import TokensPrompt
-
-            return TokensPrompt(prompt_token_ids=ids)
-        return instance.prompt
-
     def run(self, instances: Sequence[Any], requests: Mapping[str, Sequence[Any]],
             stop: StopRule) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
         """Every pending (instance, request) through one engine per summary format, prompts prefilled once."""
@@ -222,6 +215,8 @@ class VllmEngine:
     def _generate(self, llm: Any, cells: list[tuple[Any, Any]], ids: Mapping[str, list[int]],
                   stop: StopRule) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
         """First each instance's first request (it prefills the prompt), then all the others in one batch."""
+        from vllm.inputs import TokensPrompt
+
         seen: set[str] = set()
         first, rest = [], []
         for instance, request in cells:
@@ -230,7 +225,9 @@ class VllmEngine:
         for batch in (first, rest):
             if not batch:
                 continue
-            prompts = [self._prompt(instance, ids[instance.instance_id]) for instance, _ in batch]
+            # Token ids, not text: vLLM would tokenize every request's prompt again (a grid sends each prompt
+            # once per arm and budget), and `ids` are already the engine tokenizer's own.
+            prompts = [TokensPrompt(prompt_token_ids=ids[instance.instance_id]) for instance, _ in batch]
             params = [self._sampling(stop, request) for _, request in batch]
             start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)

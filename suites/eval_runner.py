@@ -13,12 +13,17 @@ instances the model itself can do.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import multiprocessing
+import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import yaml
@@ -237,28 +242,62 @@ def _stop_rule(config: EvalConfig, spec: TaskSpec) -> StopRule:
     return StopRule(max_new_tokens=limit, newline=config.stop_at_newline)
 
 
-def plan_instances(config: EvalConfig, count_tokens: Callable[[str], int]) -> list[tuple[TaskSpec, int, list[Instance]]]:
+def plan_instances(config: EvalConfig, count_tokens: Callable[[str], int],
+                   workers: int | None = None) -> list[tuple[TaskSpec, int, list[Instance]]]:  # fmt: skip
     """(task, length, instances) groups; the catalog raises clear errors for missing data files.
 
-    A task whose fixed text does not fit a length with this tokenizer (a one-shot example, a question's gold
-    documents) stops the run with every such pair named, before anything runs, unless `skip_unfit`: then
-    those pairs are logged and left out, and the rest runs."""
-    groups, unfit = [], []
-    for task in config.tasks:
-        spec = load_task(task)
-        for length in config.lengths:
-            try:
-                instances = list(catalog.iter_instances(spec, length, config.samples, count_tokens, config.seed,
-                                                        data_dir=config.data_dir))  # fmt: skip
-            except LengthError as error:
-                unfit.append(str(error))
-                continue
-            groups.append((spec, length, instances))
+    Fitting prompts to lengths tokenizes every candidate prompt (minutes for a full RULER grid), so the
+    groups are planned in `workers` forked processes (default: one per core, at most one per group); the
+    instances are the same as in one process. A task whose fixed text does not fit a length with this
+    tokenizer (a one-shot example, a question's gold documents) stops the run with every such pair named,
+    before anything runs, unless `skip_unfit`: then those pairs are logged and left out, and the rest runs."""
+    pairs = [(task, length) for task in config.tasks for length in config.lengths]
+    workers = min(workers or os.cpu_count() or 1, len(pairs))
+    started = time.perf_counter()
+    if workers > 1 and "fork" in multiprocessing.get_all_start_methods():
+        _PLANNING[0] = (config, count_tokens)  # inherited by the forked workers
+        try:
+            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork")) as pool:
+                planned = list(pool.map(_plan_pair, pairs))
+        finally:
+            _PLANNING[0] = None
+    else:
+        planned = [_plan_group(config, count_tokens, task, length) for task, length in pairs]
+    groups = [group for group in planned if not isinstance(group, str)]
+    unfit = [group for group in planned if isinstance(group, str)]
     if unfit and not config.skip_unfit:
         raise LengthError("; ".join(unfit) + ". Drop those tasks or lengths, or pass --skip-unfit to run the rest")
     for reason in unfit:
         logger.warning("left out: %s", reason)
+    logger.info("planned %d instances of %d (task, length) pairs in %.1f s (%d process%s)",
+                sum(len(g[2]) for g in groups), len(pairs), time.perf_counter() - started, workers,
+                "es" if workers > 1 else "")  # fmt: skip
     return groups
+
+
+_PLANNING: list[tuple[EvalConfig, Callable[[str], int]] | None] = [None]  # what forked planners plan
+# Specs and instances hold read-only mappings; planners send them back to the parent as plain dicts.
+ForkingPickler.register(MappingProxyType, lambda proxy: (_read_only, (dict(proxy),)))
+
+
+def _read_only(mapping: dict[str, Any]) -> Mapping[str, Any]:
+    return MappingProxyType(mapping)
+
+
+def _plan_pair(pair: tuple[str, int]) -> tuple[TaskSpec, int, list[Instance]] | str:
+    config, count_tokens = _PLANNING[0]
+    return _plan_group(config, count_tokens, *pair)
+
+
+def _plan_group(config: EvalConfig, count_tokens: Callable[[str], int], task: str,
+                length: int) -> tuple[TaskSpec, int, list[Instance]] | str:  # fmt: skip
+    """One (task, length) group, or the reason it does not fit."""
+    spec = load_task(task)
+    try:
+        return spec, length, list(catalog.iter_instances(spec, length, config.samples, count_tokens, config.seed,
+                                                         data_dir=config.data_dir))  # fmt: skip
+    except LengthError as error:
+        return str(error)
 
 
 def load_eval_engine(config: EvalConfig) -> Engine:

@@ -224,3 +224,20 @@ def test_yaml_run_file_with_cli_override(tmp_path):
     run_file.write_text("suite: ruler\ntasks: [niah_single_1]\nbudgets: 64\nbogus: 1\n")
     with pytest.raises(EvalConfigError, match="unknown keys"):
         eval_runner.load_config_file(run_file)
+
+
+def test_planning_in_worker_processes_gives_the_serial_plan():
+    from locks_toolkit.suites.eval_runner import plan_instances
+
+    config = _config(Path("unused.jsonl"), tasks="niah_single_1,vt,cwe", lengths="1k,2k", samples=3, skip_unfit=True)
+    count = WordyEngine().count_tokens
+
+    def flat(groups):
+        return [(spec.name, length, [(i.instance_id, i.prompt, tuple(i.answers)) for i in instances])
+                for spec, length, instances in groups]  # fmt: skip
+
+    serial = flat(plan_instances(config, count, workers=1))
+    assert flat(plan_instances(config, count, workers=2)) == serial
+    planned = {(name, length) for name, length, _ in serial}
+    assert ("cwe", 1024) not in planned and {("niah_single_1", 1024), ("cwe", 2048)} <= planned
+    assert all(len(instances) == 3 for _, _, instances in serial)

@@ -111,8 +111,12 @@ class _FakeLLM:
 
     def generate(self, prompts, params, use_tqdm=False):
         _FakeLLM.calls.append(list(prompts))
-        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1], text=f"{p} {sp['extra_args']}", stop_reason=None,
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1], text=f"{_text(p)} {sp['extra_args']}", stop_reason=None,
                                                          finish_reason="length")]) for p, sp in zip(prompts, params)]
+
+
+def _text(prompt) -> str:
+    return ByteTokenizer().decode(prompt["prompt_token_ids"])
 
 
 def _fake_engine(monkeypatch) -> VllmEngine:
@@ -131,7 +135,7 @@ def test_each_prompt_is_prefilled_once_then_every_other_request_reads_the_cache(
     requests = [Request(parse_arm("fullkv"), None), Request(parse_arm("locks:r8i4"), 64), Request(parse_arm("quest"), 128)]
     results = list(engine.run(instances, {i.instance_id: requests for i in instances}, StopRule(2, newline=False)))
     assert [len(batch) for batch in _FakeLLM.calls] == [2, 4]  # one request per prompt first, then the rest
-    assert _FakeLLM.calls[0] == ["prompt 0", "prompt 1"]
+    assert [_text(p) for p in _FakeLLM.calls[0]] == ["prompt 0", "prompt 1"]  # token ids, not text
     assert len(results) == 6
     for instance, request, generation, _ in results:  # every output went back to its own request
         assert generation.text == f"{instance.prompt} {request_settings(request)}"

@@ -50,6 +50,11 @@ def _generate(model_dir: str, prompts: list[list[int]]) -> dict:
         results[names[request]]["tokens"][row] = generation.token_ids
         results[names[request]]["text"][row] = generation.text
     results["counters"] = counters.snapshot()
+    # The engine sends token ids (never text) to vLLM: they must be what vLLM's own tokenizer makes of the text.
+    llm_tokenizer = engine._llm[2].get_tokenizer()
+    texts = [engine.tokenizer.decode(ids[1:]) for ids in prompts]  # without the BOS the encoders add
+    results["same_ids"] = [llm_tokenizer.encode(t) == engine.tokenizer.encode(t) for t in texts]
+    results["bos_added"] = [engine.tokenizer.encode(t)[0] == ids[0] for t, ids in zip(texts, prompts)]
     return results
 
 
@@ -103,6 +108,10 @@ def test_locks_with_room_for_the_needle_answers_as_fullkv_does(runs):
 def test_locks_without_room_for_the_needle_loses_the_answers(runs):
     narrow = runs["narrow"]
     assert not any(n.is_correct(t) for n, t in zip(runs["needles"], narrow["text"])), narrow["text"]
+
+
+def test_the_engine_tokenizer_gives_the_ids_vllm_would_make_of_the_text(runs):
+    assert runs["same_ids"] == [True] * len(runs["needles"]) and all(runs["bos_added"])
 
 
 def test_each_setting_ran_its_own_path_in_the_one_engine(runs):
