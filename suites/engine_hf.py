@@ -20,7 +20,7 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ from ..kernels.config import PAGE_SIZE, SelectionConfig, scored_pages
 from ..kernels.score.selectors import PageScorer
 from ..kernels.select.reference import combine_group, select_pages
 from .arms import Arm, continuation_scorer, prompt_scorer
-from .models import AttentionGeometry, geometry_from_config
+from .models import AttentionGeometry, geometry_from_config, with_cache
 
 logger = logging.getLogger(__name__)
 
@@ -202,6 +202,13 @@ class StopRule:
     newline: bool = True
 
 
+Stops = StopRule | Mapping[str, StopRule]  # one rule for every instance, or one per instance_id
+
+
+def stop_for(stops: Stops, instance_id: str) -> StopRule:
+    return stops if isinstance(stops, StopRule) else stops[instance_id]
+
+
 @dataclass
 class Prefill:
     """A prefilled prompt: its cache (copied per arm), first token and logits, prompt page states per arm."""
@@ -257,7 +264,7 @@ class HFEngine:
         # logits_to_keep=1: the LM head over every prompt position (262K vocab on Gemma 3) would cost
         # more than the rest of the prefill.
         ids = torch.tensor([list(prompt_ids)], device=self.model.device)
-        out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        out = self.model(input_ids=ids, **with_cache(self.model, cache), logits_to_keep=1)
         logits = out.logits[0, -1].float()
         seconds = time.perf_counter() - start
         logger.debug("prefill of %d tokens: %.1f s", len(prompt_ids), seconds)
@@ -294,7 +301,8 @@ class HFEngine:
         try:
             reason = self._stop_reason(tokens, stop, watch)
             while reason is None:
-                out = self.model(input_ids=torch.tensor([[tokens[-1]]], device=self.model.device), cache=cache, use_cache=True)
+                out = self.model(input_ids=torch.tensor([[tokens[-1]]], device=self.model.device),
+                                 **with_cache(self.model, cache))
                 step_logits = out.logits[0, -1].float()
                 tokens.append(int(step_logits.argmax()))
                 if keep_logits:
@@ -313,11 +321,12 @@ class HFEngine:
             sparse_steps=selector.sparse_steps if selector else 0,
         )
 
-    def run(self, instances: Sequence[Any], requests: Any, stop: StopRule) -> Iterator[tuple[Any, Any, Generation, float]]:
+    def run(self, instances: Sequence[Any], requests: Any, stops: Stops) -> Iterator[tuple[Any, Any, Generation, float]]:
         """The runner's interface: each instance prefilled once, then decoded under each of its
         pending requests (`requests[instance_id]`, objects with .arm and .budget_tokens)."""
         for instance in instances:
             prefill = self.prefill(self.encode(instance.prompt))
+            stop = stop_for(stops, instance.instance_id)
             for request in requests[instance.instance_id]:
                 yield instance, request, self.generate(prefill, request.arm, request.budget_tokens, stop), prefill.seconds
 

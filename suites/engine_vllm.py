@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .engine_hf import Generation, StopRule
+from .engine_hf import Generation, StopRule, Stops, stop_for
 
 logger = logging.getLogger(__name__)
 
@@ -161,8 +161,12 @@ class VllmEngine:
                                         extra_args=request_settings(request), **ending)
 
     def run(self, instances: Sequence[Any], requests: Mapping[str, Sequence[Any]],
-            stop: StopRule) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
-        """Every pending (instance, request) through one engine per summary format, prompts prefilled once."""
+            stops: Stops) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
+        """Every pending (instance, request) through one engine per summary format, prompts prefilled once.
+
+        Hand it many instances at once (a grid's every task at one length): a decode step of the per-request
+        path costs about the same for a hundred rows as for a thousand, so the steps, not the rows, set the
+        time."""
         check_backend_arms([r.arm for rs in requests.values() for r in rs])
         by_format: dict[str, list[tuple[Any, Any]]] = {}
         for instance in instances:
@@ -174,10 +178,15 @@ class VllmEngine:
         groups = list(by_format.items()) or [("r8i4", [])]
         groups[0] = (groups[0][0], formatless + groups[0][1])
         budgets = [r.budget_tokens for rs in requests.values() for r in rs if r.budget_tokens is not None]
+        order = {instance.instance_id: n for n, instance in enumerate(instances)}
         for fmt, cells in groups:
+            cells.sort(key=lambda cell: order[cell[0].instance_id])  # stable: an instance's requests together
             ids = {instance.instance_id: _prompt_ids(instance, self.tokenizer) for instance, _ in cells}
-            need = max(len(i) for i in ids.values()) + stop.max_new_tokens
-            yield from self._generate(self._llm_for(fmt, max(budgets, default=2048), need), cells, ids, stop)
+            need = max(len(ids[i.instance_id]) + stop_for(stops, i.instance_id).max_new_tokens for i, _ in cells)
+            llm = self._llm_for(fmt, max(budgets, default=2048), need)
+            held = _cache_tokens(llm)
+            for chunk in _chunks_within(cells, ids, held // 2 if held else None):
+                yield from self._generate(llm, chunk, ids, stops)
 
     def _engine_length(self, need: int) -> int:
         """The max_model_len of an engine whose longest request needs `need` tokens: the run's size or a little
@@ -213,7 +222,7 @@ class VllmEngine:
             _free_gpu()
 
     def _generate(self, llm: Any, cells: list[tuple[Any, Any]], ids: Mapping[str, list[int]],
-                  stop: StopRule) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
+                  stops: Stops) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
         """First each instance's first request (it prefills the prompt), then all the others in one batch."""
         from vllm.inputs import TokensPrompt
 
@@ -228,7 +237,7 @@ class VllmEngine:
             # Token ids, not text: vLLM would tokenize every request's prompt again (a grid sends each prompt
             # once per arm and budget), and `ids` are already the engine tokenizer's own.
             prompts = [TokensPrompt(prompt_token_ids=ids[instance.instance_id]) for instance, _ in batch]
-            params = [self._sampling(stop, request) for _, request in batch]
+            params = [self._sampling(stop_for(stops, instance.instance_id), request) for instance, request in batch]
             start = time.perf_counter()
             outputs = llm.generate(prompts, params, use_tqdm=False)
             seconds = (time.perf_counter() - start) / len(prompts)
@@ -239,6 +248,37 @@ class VllmEngine:
                 newline = completion.stop_reason in ("\n", ByteTokenizer.newline_id)
                 reason = "max_new_tokens" if completion.finish_reason == "length" else ("newline" if newline else "eos")
                 yield instance, request, Generation(token_ids, text, reason, seconds), 0.0
+
+
+def _cache_tokens(llm: Any) -> int | None:
+    """Tokens the engine's KV cache holds (per layer group), None when the engine does not say."""
+    engine = getattr(llm, "llm_engine", None)
+    cache = getattr(getattr(engine, "vllm_config", None), "cache_config", None)
+    blocks, size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
+    return blocks * size if isinstance(blocks, int) and isinstance(size, int) and blocks > 0 else None
+
+
+def _chunks_within(cells: list[tuple[Any, Any]], ids: Mapping[str, list[int]],
+                   tokens: int | None) -> Iterator[list[tuple[Any, Any]]]:  # fmt: skip
+    """`cells` in runs of whole instances whose prompts together take at most `tokens` (None: one run), so the
+    prompts a run prefilled stay cached while its other requests read them; an instance longer alone is a run."""
+    if tokens is None:
+        yield cells
+        return
+    chunk: list[tuple[Any, Any]] = []
+    held: set[str] = set()
+    used = 0
+    for instance, request in cells:
+        key = instance.instance_id
+        if key not in held:
+            if chunk and used + len(ids[key]) > tokens:
+                yield chunk
+                chunk, held, used = [], set(), 0
+            held.add(key)
+            used += len(ids[key])
+        chunk.append((instance, request))
+    if chunk:
+        yield chunk
 
 
 def spawn_engine_processes() -> None:

@@ -34,7 +34,7 @@ from ..harness.store import append_record, cell_key, finished_keys, read_records
 from ..kernels.config import ConfigError, SelectionConfig
 from . import catalog
 from .arms import Arm, parse_arms
-from .engine_hf import Generation, StopRule, load_engine
+from .engine_hf import Generation, StopRule, Stops, load_engine
 from .instances import Instance
 from .length_fit import LengthError
 from .task_spec import SUITES, TaskSpec, list_tasks, load_task
@@ -206,9 +206,9 @@ class Engine(Protocol):
     def count_tokens(self, text: str) -> int: ...
 
     def run(self, instances: Sequence[Instance], requests: Mapping[str, Sequence[Request]],
-            stop: StopRule) -> Iterator[tuple[Instance, Request, Generation, float]]:  # fmt: skip
-        """Decode every instance under its pending requests (keyed by instance_id); yields
-        (instance, request, generation, prefill seconds) as each decode finishes."""
+            stops: Stops) -> Iterator[tuple[Instance, Request, Generation, float]]:  # fmt: skip
+        """Decode every instance under its pending requests (keyed by instance_id) and stop rule (one, or one per
+        instance_id); yields (instance, request, generation, prefill seconds) as each decode finishes."""
 
 
 def make_cell(config: EvalConfig, spec: TaskSpec, length: int, instance: Instance, request: Request) -> dict:
@@ -369,10 +369,16 @@ def run_eval(config: EvalConfig, engine: Engine, on_progress: Callable[[Progress
     logger.info("%d cells to run, %d already stored in %s", total, skipped, config.out)
     if on_progress:
         on_progress(progress)
-    for spec, length, instances, pending in work:
-        if not instances:
+    # One engine call per length, every task's instances in it: a batching engine runs them side by side.
+    for length in dict.fromkeys(length for _, length, _, _ in work):
+        batch = [(spec, instance) for spec, at, instances, _ in work if at == length for instance in instances]
+        if not batch:
             continue
-        for instance, request, generation, prefill_seconds in engine.run(instances, pending, _stop_rule(config, spec)):
+        specs = {instance.instance_id: spec for spec, instance in batch}
+        pending = {key: todo for _, at, _, group in work if at == length for key, todo in group.items()}
+        stops = {key: _stop_rule(config, spec) for key, spec in specs.items()}
+        for instance, request, generation, prefill_seconds in engine.run([i for _, i in batch], pending, stops):
+            spec = specs[instance.instance_id]
             record = _record(config, spec, length, instance, request, generation, prefill_seconds, engine)
             record.update(provenance=provenance, command=command)
             key = (spec.name, length, instance.instance_id)

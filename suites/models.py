@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import logging
 import os
 import shutil
@@ -234,6 +235,14 @@ class _AttentionRecorder:
         return result
 
 
+def with_cache(model: Any, cache: Any) -> dict[str, Any]:
+    """The forward keyword that hands `model` its KV cache: transformers 5.24 renamed `past_key_values` to
+    `cache`; an older release (the GPU machine has 5.17) takes an unknown `cache` silently and runs every
+    forward without one."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {name: cache, "use_cache": True}
+
+
 @torch.inference_mode()
 def greedy_decode_capture(loaded: LoadedModel, prompt_ids: Sequence[int], steps: int) -> DecodeCapture:
     """Prefill `prompt_ids`, then `steps` greedy single-token forwards, capturing the global layers."""
@@ -256,13 +265,13 @@ def greedy_decode_capture(loaded: LoadedModel, prompt_ids: Sequence[int], steps:
         cache = DynamicCache(config=model.config)
         start = time.perf_counter()
         # logits_to_keep=1: the LM head over every position would be 32K x 262K fp32 logits (34 GB) at 32K
-        out = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=ids, **with_cache(model, cache), logits_to_keep=1)
         prefill_seconds = time.perf_counter() - start
         next_id = int(out.logits[0, -1].argmax())
         generated = [next_id]
         start = time.perf_counter()
         for _ in range(steps):
-            out = model(input_ids=torch.tensor([[next_id]]), cache=cache, use_cache=True)
+            out = model(input_ids=torch.tensor([[next_id]]), **with_cache(model, cache))
             next_id = int(out.logits[0, -1].argmax())
             generated.append(next_id)
         decode_seconds = time.perf_counter() - start

@@ -241,3 +241,30 @@ def test_planning_in_worker_processes_gives_the_serial_plan():
     planned = {(name, length) for name, length, _ in serial}
     assert ("cwe", 1024) not in planned and {("niah_single_1", 1024), ("cwe", 2048)} <= planned
     assert all(len(instances) == 3 for _, _, instances in serial)
+
+
+class BatchingEngine(FakeEngine):
+    """Records what each run call was handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple[list[str], dict[str, int]]] = []
+
+    def run(self, instances, requests, stops):
+        self.batches.append(([i.instance_id for i in instances], {k: s.max_new_tokens for k, s in stops.items()}))
+        yield from super().run(instances, requests, stops)
+
+
+def test_the_engine_gets_every_task_of_a_length_at_once_each_instance_with_its_tasks_stop_rule(tmp_path):
+    out = tmp_path / "eval.jsonl"
+    config = _config(out, tasks="niah_single_1,fwe,vt", lengths="1k,2k", samples=2, max_new_tokens=None)
+    engine = BatchingEngine()
+    run_eval(config, engine, command="x")
+    assert len(engine.batches) == 2  # one call per length
+    for (ids, stops), length in zip(engine.batches, (1024, 2048)):
+        assert {i.split("/")[0] for i in ids} == {"niah_single_1", "fwe", "vt"} and len(ids) == 6
+        assert all(f"/L{length}/" in i for i in ids)
+        limits = {i.split("/")[0]: stops[i] for i in ids}
+        assert len(set(limits.values())) > 1  # the tasks' own output limits, per instance
+    records = read_records(out)
+    assert {(r["cell"]["task"], r["max_new_tokens"]) for r in records} == set(limits.items())

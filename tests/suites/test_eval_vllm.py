@@ -104,6 +104,7 @@ class _FakeLLM:
 
     calls: list = []
     env: list = []
+    max_tokens: list = []
 
     def __init__(self, **kwargs):
         _FakeLLM.env.append((engine_vllm.os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
@@ -111,6 +112,7 @@ class _FakeLLM:
 
     def generate(self, prompts, params, use_tqdm=False):
         _FakeLLM.calls.append(list(prompts))
+        _FakeLLM.max_tokens.append([sp["max_tokens"] for sp in params])
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1], text=f"{_text(p)} {sp['extra_args']}", stop_reason=None,
                                                          finish_reason="length")]) for p, sp in zip(prompts, params)]
 
@@ -126,6 +128,7 @@ def _fake_engine(monkeypatch) -> VllmEngine:
     monkeypatch.setattr(engine_vllm, "_free_gpu", lambda: None)
     _FakeLLM.calls.clear()
     _FakeLLM.env.clear()
+    _FakeLLM.max_tokens.clear()
     return engine
 
 
@@ -187,3 +190,27 @@ def test_a_length_past_the_models_positions_is_refused_before_an_engine_starts(t
                                   "model": str(tmp_path), "out": str(tmp_path / "o.jsonl"), "engine": "vllm"})  # fmt: skip
     with pytest.raises(EvalConfigError, match="length 8192 is past the 4096 positions .* pass --lengths up to 4096"):
         load_eval_engine(config)
+
+
+class _SmallCacheLLM(_FakeLLM):
+    """An engine whose KV cache holds 3 blocks of 16 tokens."""
+
+    llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=3, block_size=16)))
+
+
+def test_prompts_go_in_runs_the_cache_holds_each_request_with_its_instances_stop_rule(monkeypatch):
+    engine = _fake_engine(monkeypatch)
+    engine.vllm.LLM = _SmallCacheLLM
+    prompts = {"a": "x" * 10, "b": "y" * 10, "c": "z" * 30, "d": "w" * 5}  # half the cache: 24 tokens a run
+    instances = [SimpleNamespace(instance_id=key, prompt=text) for key, text in prompts.items()]
+    requests = [Request(parse_arm("fullkv"), None), Request(parse_arm("locks:r8i4"), 64)]
+    stops = {key: StopRule(max_new_tokens=n, newline=False) for key, n in zip(prompts, (3, 4, 5, 6))}
+    results = list(engine.run(instances, {key: requests for key in prompts}, stops))
+    assert len(results) == 8 and len(_FakeLLM.env) == 1  # one engine for every run
+    runs = [[_text(p) for p in call] for call in _FakeLLM.calls]
+    # a + b fit 24 tokens; c alone is longer than a run, and runs alone; d after it
+    assert runs == [[prompts["a"], prompts["b"]], [prompts["a"], prompts["b"]], [prompts["c"]], [prompts["c"]],
+                    [prompts["d"]], [prompts["d"]]]  # fmt: skip
+    assert _FakeLLM.max_tokens == [[3, 4], [3, 4], [5], [5], [6], [6]]
+    for instance, request, generation, _ in results:
+        assert generation.text == f"{instance.prompt} {request_settings(request)}"

@@ -141,3 +141,19 @@ def test_a_gguf_tokenizer_that_shreds_words_is_refused_with_the_fix(pieces, brok
         return
     with pytest.raises(TokenizerError, match="m.gguf splits 26 plain English words into 79 tokens.*beside the GGUF file"):
         check_tokenizer(_SplitTokenizer(pieces), "m.gguf")
+
+
+class _NewForward:
+    def forward(self, input_ids=None, cache=None, use_cache=None, **kwargs): ...
+
+
+class _OldForward:
+    def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs): ...
+
+
+@pytest.mark.parametrize(("model", "keyword"), [(_NewForward(), "cache"), (_OldForward(), "past_key_values")])
+def test_the_cache_goes_under_the_keyword_the_installed_transformers_reads(model, keyword):
+    from locks_toolkit.suites.models import with_cache
+
+    cache = object()
+    assert with_cache(model, cache) == {keyword: cache, "use_cache": True}
