@@ -137,3 +137,49 @@ def render_quality(frame: pd.DataFrame, notes: md.Notes) -> str:
             rows.append(row)
         parts += ["", f"### {suite} — {model} @ {md.fmt_tokens(context)}{engine_text(engine)}", "", md.table(["Task", "Budget"] + arms, rows, "ll" + "r" * len(arms))]
     return "\n".join(parts)
+
+
+REFERENCE_ARM = "fullkv"
+
+
+def paired_gap_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per (table, budget, sparse arm): the arm's score minus FullKV's on the same prompts, pooled over the table's
+    tasks, with a 95% bootstrap CI over those prompts. Pairing removes the prompts' own spread, which dominates
+    the CIs of the two means apart (a task FullKV cannot do adds zeros to both sides)."""
+    columns = TABLE_KEYS + ["budget_sort", "arm_label", "n", "mean", "low", "high"]
+    ok = frame[frame["status"] == "ok"]
+    reference = ok[ok["arm_label"] == REFERENCE_ARM].set_index(TABLE_KEYS + ["task", "record_id"])["score"]
+    sparse = ok[(ok["arm_label"] != REFERENCE_ARM) & (ok["budget_sort"] != FULL_BUDGET)]
+    if reference.empty or sparse.empty:
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for key, group in sparse.groupby(TABLE_KEYS + ["budget_sort", "arm_label"], sort=True):
+        scores = group.set_index(TABLE_KEYS + ["task", "record_id"])["score"]
+        both = scores.index.intersection(reference.index)
+        if both.empty:
+            continue
+        mean, low, high = bootstrap_ci((scores.loc[both] - reference.loc[both]).to_numpy())
+        rows.append(dict(zip(TABLE_KEYS + ["budget_sort", "arm_label"], key), n=len(both), mean=mean, low=low, high=high))
+    return pd.DataFrame(rows, columns=columns)
+
+
+def render_paired_gaps(frame: pd.DataFrame) -> str:
+    """One table per (suite, model, engine): rows (context, budget), a column per sparse arm, `gap [low, high]`."""
+    table = paired_gap_table(frame)
+    if table.empty:
+        return ""
+    parts = ["## Score minus FullKV on the same prompts (every task pooled, 95% bootstrap CI over prompts)"]
+    for (suite, model, engine), group in table.groupby(TABLE_KEYS[:3], sort=True):
+        arms = sorted(group["arm_label"].unique())
+        rows = []
+        for (context, budget), cells in group.groupby(["context_tokens", "budget_sort"], sort=True):
+            row = [md.fmt_tokens(context), budget_text(budget)]
+            for arm in arms:
+                hit = cells[cells["arm_label"] == arm]
+                cell = hit.iloc[0] if not hit.empty else None
+                row.append(md.DASH if cell is None else
+                           f"{cell['mean']:+.2f} [{cell['low']:+.2f}, {cell['high']:+.2f}] (n={cell['n']})")  # fmt: skip
+            rows.append(row)
+        parts += ["", f"### {suite} — {model}{engine_text(engine)}", "",
+                  md.table(["Context", "Budget"] + arms, rows, "rr" + "r" * len(arms))]  # fmt: skip
+    return "\n".join(parts)

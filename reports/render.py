@@ -15,7 +15,7 @@ from .kernel import kernel_frame, render_kernel
 from .microscope import microscope_frame, render_microscope
 from .noise import render_noise
 from .provenance import provenance_header, records_caption
-from .quality import eval_frame, render_quality
+from .quality import eval_frame, render_paired_gaps, render_quality
 from .records import Record, RecordSet, RecordsError, split_by_schema
 from .schemas import DECODE, EVAL, KERNEL, KNOWN_SCHEMAS, MICROSCOPE
 
@@ -65,7 +65,8 @@ def render_report(records: Iterable[Record], title: str = "Locks results", sourc
         provenance_header(record_set, notes, sources),
         *decode_sections(decode, notes),
         render_kernel(kernel_frame(record_set.get(KERNEL)), notes),
-        render_quality(eval_frame(record_set.get(EVAL)), notes),
+        render_quality(evals := eval_frame(record_set.get(EVAL)), notes),
+        render_paired_gaps(evals),
         render_microscope(microscope_frame(record_set.get(MICROSCOPE)), notes),
     ]
     return _document(title, sections, notes)

@@ -576,3 +576,24 @@ def test_microscope_report_pools_samples_and_needle_counts_as_the_terminal_table
     assert row["needle_retention"] == pytest.approx(0.25)
     assert row["score_err_p50"] == pytest.approx(0.2)  # a per-record percentile: the record mean, labelled so
     assert "Score err p50 (record mean)" in render_microscope(microscope_frame([record("a", 10, 0.5, 1, 1, 0.1)]), md.Notes())
+
+
+def test_paired_gaps_compare_each_prompt_with_fullkv_on_the_same_prompt():
+    from locks_toolkit.reports.quality import paired_gap_table, render_paired_gaps
+
+    def rec(task, record_id, arm, budget, score):
+        return {"schema": "locks.eval/1", "status": "ok", "score": score, "engine": "vllm",
+                "cell": {"suite": "ruler", "model": "m", "context_tokens": 4096, "task": task, "record_id": record_id,
+                         "arm": arm, "budget_tokens": budget}}  # fmt: skip
+
+    rng = random.Random(7)
+    fullkv = {f"t/{i}": rng.random() for i in range(40)}  # prompts of very different difficulty
+    rows = [rec("t", key, "fullkv", None, score) for key, score in fullkv.items()]
+    rows += [rec("t", key, "locks", 64, score - 0.05) for key, score in fullkv.items()]  # 0.05 below, every prompt
+    rows += [rec("t", "t/99", "locks", 64, 0.0)]  # a prompt FullKV did not run: no pair
+    gap = paired_gap_table(eval_frame(rows)).set_index(["budget_sort", "arm_label"]).loc[(64.0, "locks")]
+    assert gap["n"] == 40 and gap["mean"] == pytest.approx(-0.05)
+    assert gap["high"] - gap["low"] < 1e-9  # paired: the prompts' spread is gone; the means' CIs apart are wide
+    means = quality_table(eval_frame(rows)).set_index(["task", "arm_label", "budget_sort"])
+    assert means.loc[("t", "locks", 64.0)]["high"] - means.loc[("t", "locks", 64.0)]["low"] > 0.1
+    assert "-0.05 [-0.05, -0.05] (n=40)" in render_paired_gaps(eval_frame(rows))
