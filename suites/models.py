@@ -239,8 +239,13 @@ def with_cache(model: Any, cache: Any) -> dict[str, Any]:
     """The forward keyword that hands `model` its KV cache: transformers 5.24 renamed `past_key_values` to
     `cache`; an older release (the GPU machine has 5.17) takes an unknown `cache` silently and runs every
     forward without one."""
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {name: cache, "use_cache": True}
+    return {_cache_keyword(type(model)): cache, "use_cache": True}
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    """Read once per model class: decode loops pass the cache on every step."""
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
 
 
 @torch.inference_mode()

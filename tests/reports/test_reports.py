@@ -246,12 +246,15 @@ def test_quality_table_counts_failures_and_pools_tasks():
     assert pooled["n"] == 12 and pooled["mean"] == pytest.approx((6 * 1.0 + 5.0) / 12)
 
 
-def test_the_pooled_row_holds_only_the_records_every_arm_ran():
-    def rec(task, record_id, arm, budget, score):
-        return {"schema": "locks.eval/1", "status": "ok", "score": score, "engine": "vllm",
-                "cell": {"suite": "ruler", "model": "m", "context_tokens": 4096, "task": task, "record_id": record_id,
-                         "arm": arm, "budget_tokens": budget}}  # fmt: skip
+def _eval_record(task, record_id, arm, budget, score):
+    """A scored eval record at 4K with only what the quality tables read."""
+    return {"schema": "locks.eval/1", "status": "ok", "score": score, "engine": "vllm",
+            "cell": {"suite": "ruler", "model": "m", "context_tokens": 4096, "task": task, "record_id": record_id,
+                     "arm": arm, "budget_tokens": budget}}  # fmt: skip
 
+
+def test_the_pooled_row_holds_only_the_records_every_arm_ran():
+    rec = _eval_record
     rows = [rec(t, f"{t}/{i}", arm, b, 1.0) for t in ("a", "b") for i in range(2)
             for arm, b in (("fullkv", None), ("locks", 64), ("quest", 64))]  # fmt: skip
     rows += [rec("c", f"c/{i}", arm, b, 0.0) for i in range(8) for arm, b in (("fullkv", None), ("locks", 64))]
@@ -581,11 +584,7 @@ def test_microscope_report_pools_samples_and_needle_counts_as_the_terminal_table
 def test_paired_gaps_compare_each_prompt_with_fullkv_on_the_same_prompt():
     from locks_toolkit.reports.quality import paired_gap_table, render_paired_gaps
 
-    def rec(task, record_id, arm, budget, score):
-        return {"schema": "locks.eval/1", "status": "ok", "score": score, "engine": "vllm",
-                "cell": {"suite": "ruler", "model": "m", "context_tokens": 4096, "task": task, "record_id": record_id,
-                         "arm": arm, "budget_tokens": budget}}  # fmt: skip
-
+    rec = _eval_record
     rng = random.Random(7)
     fullkv = {f"t/{i}": rng.random() for i in range(40)}  # prompts of very different difficulty
     rows = [rec("t", key, "fullkv", None, score) for key, score in fullkv.items()]
