@@ -34,6 +34,8 @@ def run(
     engine: Optional[str] = typer.Option(None, "--engine", help="transformers (CPU/GPU, any arm) or vllm (the Locks backend, one engine for every arm and budget; the GPU, else vLLM's CPU engine) (default: transformers)."),
     dummy_weights: Optional[bool] = typer.Option(None, "--dummy-weights/--real-weights", help="vLLM only: random weights (plumbing check; recorded) (default: real)."),
     skip_unfit: Optional[bool] = typer.Option(None, "--skip-unfit", help="Leave out (and log) each task x length whose fixed text does not fit that length with the model's tokenizer, instead of stopping."),
+    round_size: Optional[int] = typer.Option(None, "--round-size", help="Instances per (task, length) in each round: every pair's first N run before any pair's next N, so a run stopped early holds about the same count in every cell (default: 10)."),
+    gpu_memory: Optional[float] = typer.Option(None, "--gpu-memory", help="vLLM only: the engine's share of GPU memory (gpu_memory_utilization), lower to run another job beside it (default: 0.85)."),
 ) -> None:
     """Run quality tasks for every arm x budget; print mean score per task x arm x budget at the end."""
     from ..suites.eval_runner import EvalConfigError, config_from_mapping, load_config_file
@@ -41,7 +43,7 @@ def run(
     cli = {"suite": suite, "tasks": tasks, "lengths": lengths, "samples": samples, "budgets": budgets, "arms": arms,
            "model": model, "out": out, "seed": seed, "data_dir": data_dir, "max_new_tokens": max_new_tokens,
            "stop_at_newline": stop_at_newline, "engine": engine, "dummy_weights": dummy_weights,
-           "skip_unfit": skip_unfit}  # fmt: skip
+           "skip_unfit": skip_unfit, "round_size": round_size, "gpu_memory": gpu_memory}  # fmt: skip
     try:
         if config_file is not None:
             config = load_config_file(config_file, cli)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
+import itertools
 import json
 import logging
 import os
@@ -157,15 +158,16 @@ class VllmEngine:
                 ending["stop_token_ids"] = [ByteTokenizer.newline_id]
         else:
             ending = {"stop": ["\n"] if stop.newline else None}
-        return self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens,
+        # FINAL_ONLY: a request reports once, when it finishes, not on every step
+        return self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens, output_kind=_final_only(),
                                         extra_args=request_settings(request), **ending)
 
     def run(self, instances: Sequence[Any], requests: Mapping[str, Sequence[Any]],
             stops: Stops) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
-        """Every pending (instance, request) through one engine per summary format, prompts prefilled once.
+        """Every pending (instance, request) through one engine per summary format, each prompt prefilled once.
 
-        Hand it many instances at once (a grid's every task at one length): on the H200 a per-request decode
-        step of 120 rows cost about the same at 4K as at 32K, a fixed cost per step that more rows share."""
+        Hand it every instance of a run at once: a per-request decode step costs about the same for 120 rows
+        as for many more (H200, 4K-32K), so the engine is kept full (`_stream`) from the first cell to the last."""
         check_backend_arms([r.arm for rs in requests.values() for r in rs])
         by_format: dict[str, list[tuple[Any, Any]]] = {}
         for instance in instances:
@@ -179,13 +181,14 @@ class VllmEngine:
         budgets = [r.budget_tokens for rs in requests.values() for r in rs if r.budget_tokens is not None]
         order = {instance.instance_id: n for n, instance in enumerate(instances)}
         for fmt, cells in groups:
+            if not cells:
+                continue
             cells.sort(key=lambda cell: order[cell[0].instance_id])  # stable: an instance's requests together
             ids = {instance.instance_id: _prompt_ids(instance, self.tokenizer) for instance, _ in cells}
             need = max(len(ids[i.instance_id]) + stop_for(stops, i.instance_id).max_new_tokens for i, _ in cells)
             llm = self._llm_for(fmt, max(budgets, default=2048), need)
             held = _cache_tokens(llm)
-            for chunk in _chunks_within(cells, ids, held // 2 if held else None):
-                yield from self._generate(llm, chunk, ids, stops)
+            yield from self._stream(llm, cells, ids, stops, held // 2 if held else None)
 
     def _engine_length(self, need: int) -> int:
         """The max_model_len of an engine whose longest request needs `need` tokens: the run's size or a little
@@ -220,33 +223,77 @@ class VllmEngine:
             del llm
             _free_gpu()
 
-    def _generate(self, llm: Any, cells: list[tuple[Any, Any]], ids: Mapping[str, list[int]],
-                  stops: Stops) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
-        """First each instance's first request (it prefills the prompt), then all the others in one batch."""
+    def _stream(self, llm: Any, cells: list[tuple[Any, Any]], ids: Mapping[str, list[int]], stops: Stops,
+                open_tokens: int | None) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
+        """`cells` (an instance's requests together) through one engine that is never left to drain.
+
+        An instance opens with its first request alone, which prefills the prompt; when that one finishes, its
+        other requests go in and read the prompt's pages from the prefix cache. New instances open while the
+        prompts of the open ones take at most `open_tokens` (half the cache: an open prompt is never evicted
+        before its requests have read it), so prefills of the next instances run beside the decodes of the
+        earlier ones, and only the run's last requests decode in a batch that empties.
+        A record's seconds are the engine's wall time shared by the requests that finished in each step."""
         from vllm.inputs import TokensPrompt
 
-        seen: set[str] = set()
-        first, rest = [], []
+        queue: list[tuple[Any, list[Any]]] = []
         for instance, request in cells:
-            (rest if instance.instance_id in seen else first).append((instance, request))
-            seen.add(instance.instance_id)
-        for batch in (first, rest):
-            if not batch:
-                continue
-            # Token ids, not text: vLLM would tokenize every request's prompt again (a grid sends each prompt
-            # once per arm and budget), and `ids` are already the engine tokenizer's own.
-            prompts = [TokensPrompt(prompt_token_ids=ids[instance.instance_id]) for instance, _ in batch]
-            params = [self._sampling(stop_for(stops, instance.instance_id), request) for instance, request in batch]
+            if queue and queue[-1][0].instance_id == instance.instance_id:
+                queue[-1][1].append(request)
+            else:
+                queue.append((instance, [request]))
+        queue.reverse()  # pop() takes the next instance
+        running: dict[str, tuple[Any, Any]] = {}  # vLLM request id -> (instance, request)
+        later: dict[str, list[Any]] = {}  # instance id -> its requests that wait for the prompt to be cached
+        left: dict[str, int] = {}  # instance id -> its requests not finished yet
+        held = 0  # prompt tokens of the open instances
+
+        engine, waited, serial = llm.llm_engine, 0.0, itertools.count()
+
+        def submit(instance: Any, batch: Sequence[Any]) -> None:
+            stop = stop_for(stops, instance.instance_id)
+            for request in batch:
+                request_id = f"locks-eval-{next(serial)}"
+                # the prompt's token ids, not its text: vLLM would tokenize it again for every arm and budget
+                engine.add_request(request_id, TokensPrompt(prompt_token_ids=ids[instance.instance_id]),
+                                   self._sampling(stop, request))  # fmt: skip
+                running[request_id] = (instance, request)
+
+        while queue or running:
+            while queue and (not left or open_tokens is None or held + len(ids[queue[-1][0].instance_id]) <= open_tokens):
+                instance, batch = queue.pop()
+                key = instance.instance_id
+                held += len(ids[key])
+                left[key], later[key] = len(batch), batch[1:]
+                submit(instance, batch[:1])
             start = time.perf_counter()
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            seconds = (time.perf_counter() - start) / len(prompts)
-            for (instance, request), output in zip(batch, outputs):
-                completion = output.outputs[0]
-                token_ids = list(completion.token_ids)
-                text = self.tokenizer.decode(token_ids) if self.preset else completion.text
-                newline = completion.stop_reason in ("\n", ByteTokenizer.newline_id)
-                reason = "max_new_tokens" if completion.finish_reason == "length" else ("newline" if newline else "eos")
-                yield instance, request, Generation(token_ids, text, reason, seconds), 0.0
+            finished = [output for output in engine.step() if output.finished]
+            waited += time.perf_counter() - start
+            for output in finished:
+                instance, request = running.pop(output.request_id)
+                key = instance.instance_id
+                if later.get(key):
+                    submit(instance, later.pop(key))
+                left[key] -= 1
+                if not left[key]:
+                    del left[key]
+                    held -= len(ids[key])
+                yield instance, request, self._generation(output, waited / len(finished)), 0.0
+            if finished:
+                waited = 0.0
+
+    def _generation(self, output: Any, seconds: float) -> Generation:
+        completion = output.outputs[0]
+        token_ids = list(completion.token_ids)
+        text = self.tokenizer.decode(token_ids) if self.preset else completion.text
+        newline = completion.stop_reason in ("\n", ByteTokenizer.newline_id)
+        reason = "max_new_tokens" if completion.finish_reason == "length" else ("newline" if newline else "eos")
+        return Generation(token_ids, text, reason, seconds)
+
+
+def _final_only() -> Any:
+    from vllm.sampling_params import RequestOutputKind
+
+    return RequestOutputKind.FINAL_ONLY
 
 
 def _cache_tokens(llm: Any) -> int | None:
@@ -255,29 +302,6 @@ def _cache_tokens(llm: Any) -> int | None:
     cache = getattr(getattr(engine, "vllm_config", None), "cache_config", None)
     blocks, size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
     return blocks * size if isinstance(blocks, int) and isinstance(size, int) and blocks > 0 else None
-
-
-def _chunks_within(cells: list[tuple[Any, Any]], ids: Mapping[str, list[int]],
-                   tokens: int | None) -> Iterator[list[tuple[Any, Any]]]:  # fmt: skip
-    """`cells` in runs of whole instances whose prompts together take at most `tokens` (None: one run), so the
-    prompts a run prefilled stay cached while its other requests read them; an instance longer alone is a run."""
-    if tokens is None:
-        yield cells
-        return
-    chunk: list[tuple[Any, Any]] = []
-    held: set[str] = set()
-    used = 0
-    for instance, request in cells:
-        key = instance.instance_id
-        if key not in held:
-            if chunk and used + len(ids[key]) > tokens:
-                yield chunk
-                chunk, held, used = [], set(), 0
-            held.add(key)
-            used += len(ids[key])
-        chunk.append((instance, request))
-    if chunk:
-        yield chunk
 
 
 def spawn_engine_processes() -> None:
@@ -341,6 +365,8 @@ def _free_gpu() -> None:
 
 
 def load_vllm_engine(model: str, combine: str = "share_average", dummy_weights: bool = False,
-                     max_model_len: int | None = None) -> VllmEngine:  # fmt: skip
-    """The vLLM engine for a local model folder or a preset (weights random with dummy_weights)."""
-    return VllmEngine(model, combine=combine, dummy_weights=dummy_weights, max_model_len=max_model_len)
+                     max_model_len: int | None = None, gpu_memory: float | None = None) -> VllmEngine:  # fmt: skip
+    """The vLLM engine for a local model folder or a preset (weights random with dummy_weights); `gpu_memory` is
+    its gpu_memory_utilization (None: 0.85), lower to share the GPU with another job."""
+    return VllmEngine(model, combine=combine, dummy_weights=dummy_weights, max_model_len=max_model_len,
+                      gpu_memory_utilization=0.85 if gpu_memory is None else gpu_memory)

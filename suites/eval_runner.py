@@ -80,6 +80,10 @@ class EvalConfig:
     engine: str = "transformers"
     dummy_weights: bool = False  # vLLM only: random weights, a plumbing check (recorded)
     skip_unfit: bool = False  # run the (task, length) pairs that fit and log the others, instead of stopping
+    # Instances per (task, length) in each round of the run: every pair's first `round_size` instances go before
+    # any pair's next ones, so a run cut short (a lease's end) holds about the same count in every cell.
+    round_size: int = 10
+    gpu_memory: float | None = None  # vLLM only: the engine's gpu_memory_utilization (None: the engine's default)
 
     def __post_init__(self) -> None:
         if self.suite not in SUITES:
@@ -90,6 +94,11 @@ class EvalConfig:
             raise EvalConfigError(f"unknown {self.suite} task(s) {unknown or '(none given)'}; known: {', '.join(known)}")
         if self.samples < 1:
             raise EvalConfigError(f"samples must be >= 1 (got {self.samples})")
+        if self.round_size < 1:
+            raise EvalConfigError(f"round_size must be >= 1 instances per (task, length) (got {self.round_size})")
+        if self.gpu_memory is not None and not 0.0 < self.gpu_memory <= 1.0:
+            raise EvalConfigError(f"gpu_memory is vLLM's fraction of GPU memory, in (0, 1] (got {self.gpu_memory}); "
+                                  "pass e.g. --gpu-memory 0.6")  # fmt: skip
         if not self.lengths or any(n <= 0 for n in self.lengths):
             raise EvalConfigError(f"lengths must be positive token counts (got {self.lengths}); pass e.g. 4k,8k")
         if self.engine not in ENGINES:
@@ -154,7 +163,8 @@ def parse_ints(text: str | Iterable[Any], what: str) -> tuple[int, ...]:
 def config_from_mapping(raw: Mapping[str, Any], source: str = "config") -> EvalConfig:
     """An EvalConfig from a YAML mapping / CLI values (keys as the CLI options, lists or comma strings)."""
     known = {"suite", "tasks", "lengths", "samples", "budgets", "arms", "model", "out", "seed", "data_dir",
-             "max_new_tokens", "stop_at_newline", "combine", "engine", "dummy_weights", "skip_unfit"}  # fmt: skip
+             "max_new_tokens", "stop_at_newline", "combine", "engine", "dummy_weights", "skip_unfit", "round_size",
+             "gpu_memory"}  # fmt: skip
     unknown = sorted(set(raw) - known)
     if unknown:
         raise EvalConfigError(f"{source}: unknown keys {unknown}; allowed: {sorted(known)}")
@@ -170,7 +180,7 @@ def config_from_mapping(raw: Mapping[str, Any], source: str = "config") -> EvalC
     except ValueError as error:
         raise EvalConfigError(str(error)) from None
     optional = {key: raw[key] for key in ("seed", "max_new_tokens", "stop_at_newline", "combine", "engine", "dummy_weights",
-                                          "skip_unfit") if raw.get(key) is not None}  # fmt: skip
+                                          "skip_unfit", "round_size", "gpu_memory") if raw.get(key) is not None}  # fmt: skip
     return EvalConfig(
         suite=str(raw["suite"]),
         tasks=names(raw["tasks"]),
@@ -314,7 +324,7 @@ def load_eval_engine(config: EvalConfig) -> Engine:
                                   f"pass --lengths up to {limit}")  # fmt: skip
         # One engine for every (task, length) group of the run: sized once for the longest context.
         return load_vllm_engine(model, combine=config.combine, dummy_weights=config.dummy_weights,
-                                max_model_len=max(config.lengths) + _MAX_NEW_TOKENS_ROOM)
+                                max_model_len=max(config.lengths) + _MAX_NEW_TOKENS_ROOM, gpu_memory=config.gpu_memory)
     return load_engine(config.model, combine=config.combine)
 
 
@@ -364,21 +374,22 @@ def run_eval(config: EvalConfig, engine: Engine, on_progress: Callable[[Progress
             if todo:
                 pending[instance.instance_id] = todo
                 total += len(todo)
-        work.append((spec, length, [i for i in instances if i.instance_id in pending], pending))
+        work.append((spec, length, [(n, i) for n, i in enumerate(instances) if i.instance_id in pending], pending))
     progress = Progress(total=total, skipped=skipped)
     logger.info("%d cells to run, %d already stored in %s", total, skipped, config.out)
     if on_progress:
         on_progress(progress)
-    # One engine call per length, every task's instances in it: a batching engine runs them side by side.
-    for length in dict.fromkeys(length for _, length, _, _ in work):
-        batch = [(spec, instance) for spec, at, instances, _ in work if at == length for instance in instances]
-        if not batch:
-            continue
-        specs = {instance.instance_id: spec for spec, instance in batch}
-        pending = {key: todo for _, at, _, group in work if at == length for key, todo in group.items()}
-        stops = {key: _stop_rule(config, spec) for key, spec in specs.items()}
-        for instance, request, generation, prefill_seconds in engine.run([i for _, i in batch], pending, stops):
-            spec = specs[instance.instance_id]
+    # One engine call for the whole run, in rounds (`round_size`): a batching engine runs every task and length
+    # side by side, and the records of a run cut short are spread evenly over its cells.
+    batch = sorted(((n // config.round_size, length, t, n, spec, instance)  # n: the instance's index in its pair
+                    for t, (spec, length, instances, _) in enumerate(work) for n, instance in instances),
+                   key=lambda item: item[:4])  # fmt: skip
+    where = {instance.instance_id: (spec, length) for _, length, _, _, spec, instance in batch}
+    pending = {key: todo for _, _, _, group in work for key, todo in group.items()}
+    stops = {key: _stop_rule(config, spec) for key, (spec, _) in where.items()}
+    if batch:
+        for instance, request, generation, prefill_seconds in engine.run([item[5] for item in batch], pending, stops):
+            spec, length = where[instance.instance_id]
             record = _record(config, spec, length, instance, request, generation, prefill_seconds, engine)
             record.update(provenance=provenance, command=command)
             key = (spec.name, length, instance.instance_id)

@@ -255,16 +255,30 @@ class BatchingEngine(FakeEngine):
         yield from super().run(instances, requests, stops)
 
 
-def test_the_engine_gets_every_task_of_a_length_at_once_each_instance_with_its_tasks_stop_rule(tmp_path):
+def test_the_engine_gets_the_whole_run_at_once_in_rounds_each_instance_with_its_tasks_stop_rule(tmp_path):
     out = tmp_path / "eval.jsonl"
-    config = _config(out, tasks="niah_single_1,fwe,vt", lengths="1k,2k", samples=2, max_new_tokens=None)
+    config = _config(out, tasks="niah_single_1,fwe,vt", lengths="1k,2k", samples=3, round_size=2, max_new_tokens=None)
     engine = BatchingEngine()
     run_eval(config, engine, command="x")
-    assert len(engine.batches) == 2  # one call per length
-    for (ids, stops), length in zip(engine.batches, (1024, 2048)):
-        assert {i.split("/")[0] for i in ids} == {"niah_single_1", "fwe", "vt"} and len(ids) == 6
-        assert all(f"/L{length}/" in i for i in ids)
-        limits = {i.split("/")[0]: stops[i] for i in ids}
-        assert len(set(limits.values())) > 1  # the tasks' own output limits, per instance
+    assert len(engine.batches) == 1  # one call: every task and length side by side
+    ids, stops = engine.batches[0]
+    # round 0 (each pair's instances 0 and 1) at 1k then 2k, then round 1 (instance 2)
+    order = [(i.split("/")[1], i.split("/")[0], i.split("/")[-1]) for i in ids]
+    expect = [(f"L{n}", task, str(k)) for n in (1024, 2048) for task in ("niah_single_1", "fwe", "vt") for k in (0, 1)]
+    expect += [(f"L{n}", task, "2") for n in (1024, 2048) for task in ("niah_single_1", "fwe", "vt")]
+    assert order == expect
+    limits = {i.split("/")[0]: stops[i] for i in ids}
+    assert len(set(limits.values())) > 1  # the tasks' own output limits, per instance
     records = read_records(out)
     assert {(r["cell"]["task"], r["max_new_tokens"]) for r in records} == set(limits.items())
+
+
+def test_a_resumed_run_rounds_by_each_instances_own_index(tmp_path):
+    """Pairs cut at different counts even out: the next round is the same instance indices in every pair."""
+    out = tmp_path / "eval.jsonl"
+    run_eval(_config(out, tasks="niah_single_1,fwe", samples=1, arms="fullkv"), FakeEngine(), command="x")
+    run_eval(_config(out, tasks="niah_single_1", samples=2, arms="fullkv"), FakeEngine(), command="x")
+    engine = BatchingEngine()
+    run_eval(_config(out, tasks="niah_single_1,fwe", samples=4, round_size=2, arms="fullkv"), engine, command="x")
+    ids = [i.split("/")[0] + "/" + i.split("/")[-1] for i in engine.batches[0][0]]
+    assert ids == ["fwe/1", "niah_single_1/2", "niah_single_1/3", "fwe/2", "fwe/3"]

@@ -1,6 +1,6 @@
 """Engine (b) without a GPU: the one per-request engine's LLM arguments and request settings are ones the
-Locks backend accepts, and its two-phase batching (prefill each prompt once, then every other request)
-hands each request its own output. The real CPU engine end to end: test_eval_vllm_engine.py."""
+Locks backend accepts, and its streaming (each prompt prefilled once by its first request, then every other
+request of it; the next prompts while earlier ones decode) hands each request its own output. The real CPU engine end to end: test_eval_vllm_engine.py."""
 
 from __future__ import annotations
 
@@ -55,6 +55,19 @@ def test_the_engine_is_sized_within_the_models_positions(tmp_path):
     assert engine._engine_length(40000) == 40016
 
 
+def test_gpu_memory_reaches_the_engine_and_a_bad_share_is_refused(tmp_path):
+    from locks_toolkit.suites.eval_runner import load_eval_engine
+
+    raw = {"suite": "ruler", "tasks": "niah_single_1", "lengths": "1k", "arms": "fullkv", "model": "tiny-llama",
+           "out": str(tmp_path / "o.jsonl"), "engine": "vllm"}  # fmt: skip
+    engine = load_eval_engine(config_from_mapping({**raw, "gpu_memory": 0.4}))
+    engine.device = "cuda"  # the share is vLLM's on a GPU; the CPU engine sizes its cache otherwise
+    assert engine._llm_kwargs("r8i4", 256, 2048)[0]["gpu_memory_utilization"] == 0.4
+    assert load_eval_engine(config_from_mapping(raw)).gpu_memory_utilization == 0.85
+    with pytest.raises(EvalConfigError, match=r"in \(0, 1\] \(got 1.5\); pass e.g. --gpu-memory 0.6"):
+        config_from_mapping({**raw, "gpu_memory": 1.5})
+
+
 @pytest.mark.parametrize("label, budget", [("locks:r4i8", 256), ("quest", 64), ("oracle", 128), ("centroid", 512),
                                            ("fullkv", None)])  # fmt: skip
 def test_each_request_carries_its_arm_and_budget_as_the_backend_reads_them(label, budget):
@@ -99,22 +112,53 @@ def test_byte_tokenizer_round_trip():
     assert tokenizer.encode("\n") == [ByteTokenizer.newline_id]
 
 
-class _FakeLLM:
-    """Answers each prompt with its request's settings, and records the batches it was given."""
+class _FakeCore:
+    """vLLM's LLMEngine as the stream drives it: a request finishes after `max_tokens` steps, its output echoing
+    its prompt and settings; `_FakeLLM.calls` holds the prompts added before each step."""
 
+    vllm_config = None
+
+    def __init__(self) -> None:
+        self.added: list = []
+        self.live: dict = {}  # request id -> [steps left, prompt, params]
+
+    def add_request(self, request_id, prompt, params):
+        assert request_id not in self.live
+        self.added.append((prompt, params))
+        _FakeLLM.sent.append(params)
+        self.live[request_id] = [params["max_tokens"], prompt, params]
+
+    def step(self):
+        _FakeLLM.calls.append([prompt for prompt, _ in self.added])
+        _FakeLLM.max_tokens.append([params["max_tokens"] for _, params in self.added])
+        self.added = []
+        done = []
+        for request_id, state in list(self.live.items()):
+            state[0] -= 1
+            if state[0] == 0:
+                del self.live[request_id]
+                text = f"{_text(state[1])} {state[2]['extra_args']}"
+                done.append(SimpleNamespace(request_id=request_id, finished=True, outputs=[
+                    SimpleNamespace(token_ids=[1], text=text, stop_reason=None, finish_reason="length")]))
+        return done
+
+
+class _FakeLLM:
     calls: list = []
+    sent: list = []  # every request's sampling params
     env: list = []
     max_tokens: list = []
+    core = _FakeCore
 
     def __init__(self, **kwargs):
         _FakeLLM.env.append((engine_vllm.os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
                              engine_vllm.os.environ.get("VLLM_PLUGINS")))  # fmt: skip
+        self.llm_engine = self.core()
 
-    def generate(self, prompts, params, use_tqdm=False):
-        _FakeLLM.calls.append(list(prompts))
-        _FakeLLM.max_tokens.append([sp["max_tokens"] for sp in params])
-        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[1], text=f"{_text(p)} {sp['extra_args']}", stop_reason=None,
-                                                         finish_reason="length")]) for p, sp in zip(prompts, params)]
+
+def _steps() -> list[list[str]]:
+    """The prompts added before each step that had any."""
+    return [[_text(p) for p in call] for call in _FakeLLM.calls if call]
 
 
 def _text(prompt) -> str:
@@ -129,6 +173,7 @@ def _fake_engine(monkeypatch) -> VllmEngine:
     _FakeLLM.calls.clear()
     _FakeLLM.env.clear()
     _FakeLLM.max_tokens.clear()
+    _FakeLLM.sent.clear()
     return engine
 
 
@@ -137,14 +182,27 @@ def test_each_prompt_is_prefilled_once_then_every_other_request_reads_the_cache(
     instances = [SimpleNamespace(instance_id=f"i{n}", prompt=f"prompt {n}") for n in range(2)]
     requests = [Request(parse_arm("fullkv"), None), Request(parse_arm("locks:r8i4"), 64), Request(parse_arm("quest"), 128)]
     results = list(engine.run(instances, {i.instance_id: requests for i in instances}, StopRule(2, newline=False)))
-    assert [len(batch) for batch in _FakeLLM.calls] == [2, 4]  # one request per prompt first, then the rest
-    assert [_text(p) for p in _FakeLLM.calls[0]] == ["prompt 0", "prompt 1"]  # token ids, not text
+    assert _steps() == [["prompt 0", "prompt 1"], ["prompt 0"] * 2 + ["prompt 1"] * 2]  # one request a prompt first
     assert len(results) == 6
     for instance, request, generation, _ in results:  # every output went back to its own request
         assert generation.text == f"{instance.prompt} {request_settings(request)}"
+    assert [params["output_kind"].name for params in _FakeLLM.sent] == ["FINAL_ONLY"] * 6  # one output a request
     monkeypatch.setenv("VLLM_PLUGINS", "before")
     list(engine.run(instances[:1], {"i0": requests[:1]}, StopRule(2, newline=False)))
     assert engine_vllm.os.environ["VLLM_PLUGINS"] == "before"  # the engine's environment is set only while it starts
+
+
+def test_an_instance_whose_prompt_is_cached_goes_in_while_others_still_prefill_or_decode(monkeypatch):
+    engine = _fake_engine(monkeypatch)
+    instances = [SimpleNamespace(instance_id=key, prompt=key) for key in ("quick", "slow")]
+    requests = [Request(parse_arm("fullkv"), None), Request(parse_arm("locks:r8i4"), 64)]
+    stops = {"quick": StopRule(1, newline=False), "slow": StopRule(3, newline=False)}
+    results = list(engine.run(instances, {i.instance_id: requests for i in instances}, stops))
+    # quick's other request goes in after step 1, while slow's first one still runs; slow's after step 3
+    assert [call for call in ([_text(p) for p in c] for c in _FakeLLM.calls)] == [["quick", "slow"], ["quick"], [],
+                                                                                  ["slow"], [], []]  # fmt: skip
+    assert [(i.instance_id, r.arm.label) for i, r, _, _ in results] == [
+        ("quick", "fullkv"), ("quick", "locks:r8i4"), ("slow", "fullkv"), ("slow", "locks:r8i4")]
 
 
 def test_summary_formats_get_an_engine_each_and_formatless_arms_join_the_first(monkeypatch):
@@ -154,7 +212,7 @@ def test_summary_formats_get_an_engine_each_and_formatless_arms_join_the_first(m
                 Request(parse_arm("locks:r4i8"), 64), Request(parse_arm("oracle"), 64)]  # fmt: skip
     results = list(engine.run([instance], {"i0": requests}, StopRule(2, newline=False)))
     assert len(_FakeLLM.env) == 2 and sorted(r.arm.label for _, r, _, _ in results) == sorted(r.arm.label for r in requests)
-    assert [len(batch) for batch in _FakeLLM.calls] == [1, 2, 1]  # r8i4 engine: fullkv first, then oracle + locks
+    assert [len(batch) for batch in _steps()] == [1, 2, 1]  # r8i4 engine: fullkv first, then oracle + locks
 
 
 def test_one_engine_serves_every_group_of_a_run_until_a_longer_context_needs_a_new_one(monkeypatch):
@@ -164,7 +222,7 @@ def test_one_engine_serves_every_group_of_a_run_until_a_longer_context_needs_a_n
     for prompt in ("short one", "short two", "x" * 200):  # three (task, length) groups; the last one is longer
         instance = SimpleNamespace(instance_id=prompt, prompt=prompt)
         list(engine.run([instance], {prompt: [request]}, stop))
-    assert len(_FakeLLM.env) == 2 and len(_FakeLLM.calls) == 3
+    assert len(_FakeLLM.env) == 2 and len(_steps()) == 3
     assert engine._llm[1] == 200 + 2 + 16  # sized for the longest prompt and its generation
 
 
@@ -192,25 +250,29 @@ def test_a_length_past_the_models_positions_is_refused_before_an_engine_starts(t
         load_eval_engine(config)
 
 
-class _SmallCacheLLM(_FakeLLM):
+class _SmallCore(_FakeCore):
     """An engine whose KV cache holds 3 blocks of 16 tokens."""
 
-    llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=3, block_size=16)))
+    vllm_config = SimpleNamespace(cache_config=SimpleNamespace(num_gpu_blocks=3, block_size=16))
 
 
-def test_prompts_go_in_runs_the_cache_holds_each_request_with_its_instances_stop_rule(monkeypatch):
+class _SmallCacheLLM(_FakeLLM):
+    core = _SmallCore
+
+
+def test_open_prompts_stay_within_half_the_cache_each_request_with_its_instances_stop_rule(monkeypatch):
     engine = _fake_engine(monkeypatch)
     engine.vllm.LLM = _SmallCacheLLM
-    prompts = {"a": "x" * 10, "b": "y" * 10, "c": "z" * 30, "d": "w" * 5}  # half the cache: 24 tokens a run
+    prompts = {"a": "x" * 10, "b": "y" * 10, "c": "z" * 30, "d": "w" * 5}  # half the cache: 24 tokens open at once
     instances = [SimpleNamespace(instance_id=key, prompt=text) for key, text in prompts.items()]
     requests = [Request(parse_arm("fullkv"), None), Request(parse_arm("locks:r8i4"), 64)]
     stops = {key: StopRule(max_new_tokens=n, newline=False) for key, n in zip(prompts, (3, 4, 5, 6))}
     results = list(engine.run(instances, {key: requests for key in prompts}, stops))
-    assert len(results) == 8 and len(_FakeLLM.env) == 1  # one engine for every run
-    runs = [[_text(p) for p in call] for call in _FakeLLM.calls]
-    # a + b fit 24 tokens; c alone is longer than a run, and runs alone; d after it
-    assert runs == [[prompts["a"], prompts["b"]], [prompts["a"], prompts["b"]], [prompts["c"]], [prompts["c"]],
-                    [prompts["d"]], [prompts["d"]]]  # fmt: skip
-    assert _FakeLLM.max_tokens == [[3, 4], [3, 4], [5], [5], [6], [6]]
+    assert len(results) == 8 and len(_FakeLLM.env) == 1  # one engine for the whole run
+    # a + b fit 24 tokens and open together; c alone is longer than that and opens once both closed; d (5
+    # tokens) waits for c, since 30 + 5 > 24
+    x, y, z, w = prompts.values()
+    assert _steps() == [[x, y], [x], [y], [z], [z], [w], [w]]
+    assert [n for n in _FakeLLM.max_tokens if n] == [[3, 4], [3], [4], [5], [5], [6], [6]]
     for instance, request, generation, _ in results:
         assert generation.text == f"{instance.prompt} {request_settings(request)}"
