@@ -175,6 +175,7 @@ def run_microscope(config: MicroscopeConfig, on_progress: ProgressCallback | Non
         engine_captures = _vllm_captures(config, loaded, prompts)
         report("vllm capture", 1, 1)
         seconds["vllm capture"] = time.perf_counter() - start
+    _to_gpu_if_any(loaded)  # after the vLLM capture, which exports the model from the host
     for i, prompt in enumerate(prompts):
         capture = greedy_decode_capture(loaded, prompt.token_ids, config.decode_steps)
         agreement = None
@@ -226,6 +227,16 @@ def run_microscope(config: MicroscopeConfig, on_progress: ProgressCallback | Non
         cells.extend(evaluate_record(record, config.arms, config.budgets_tokens, geometry.scale, config.combine, step_done))
     seconds["microscope"] = time.perf_counter() - start
     return MicroscopeRun(config, source, geometry, infos, cells, seconds)
+
+
+def _to_gpu_if_any(loaded) -> None:
+    """Decode on the GPU when there is one (fp32 still): four 32K prompts took 7 min 18 s on the H200 host's 16
+    cores."""
+    import torch
+
+    if torch.cuda.is_available():
+        loaded.model.to("cuda")
+        logger.info("transformers capture on %s (fp32)", torch.cuda.get_device_name())
 
 
 def _vllm_captures(config: MicroscopeConfig, loaded, prompts: list[NiahPrompt]):

@@ -265,8 +265,9 @@ def greedy_decode_capture(loaded: LoadedModel, prompt_ids: Sequence[int], steps:
     AttentionMaskInterface.register(_CAPTURE_IMPL, sdpa_mask)
     previous = model.config._attn_implementation
     model.set_attn_implementation(_CAPTURE_IMPL)
+    device = next(model.parameters()).device  # the model's own: a GPU where run_microscope put it there
     try:
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
         cache = DynamicCache(config=model.config)
         start = time.perf_counter()
         # logits_to_keep=1: the LM head over every position would be 32K x 262K fp32 logits (34 GB) at 32K
@@ -276,7 +277,7 @@ def greedy_decode_capture(loaded: LoadedModel, prompt_ids: Sequence[int], steps:
         generated = [next_id]
         start = time.perf_counter()
         for _ in range(steps):
-            out = model(input_ids=torch.tensor([[next_id]]), **with_cache(model, cache))
+            out = model(input_ids=torch.tensor([[next_id]], device=device), **with_cache(model, cache))
             next_id = int(out.logits[0, -1].argmax())
             generated.append(next_id)
         decode_seconds = time.perf_counter() - start
@@ -287,11 +288,12 @@ def greedy_decode_capture(loaded: LoadedModel, prompt_ids: Sequence[int], steps:
     hkv, group = geometry.num_kv_heads, geometry.group_size
 
     def per_step(captured: dict[int, list[torch.Tensor]]) -> torch.Tensor:
-        return torch.stack([torch.stack(captured[layer]).view(steps, hkv, group, -1) for layer in layers]).float()
+        return torch.stack([torch.stack(captured[layer]).view(steps, hkv, group, -1) for layer in layers]).float().cpu()
 
+    # on the host: the microscope's selectors and audits run there, whatever device decoded
     queries, outputs = per_step(recorder.queries), per_step(recorder.outputs)
-    keys = torch.stack([recorder.last_kv[layer][0] for layer in layers]).float().clone()
-    values = torch.stack([recorder.last_kv[layer][1] for layer in layers]).float().clone()
+    keys = torch.stack([recorder.last_kv[layer][0] for layer in layers]).float().cpu().clone()
+    values = torch.stack([recorder.last_kv[layer][1] for layer in layers]).float().cpu().clone()
     prompt_len = len(prompt_ids)
     seq_lens = torch.arange(prompt_len + 1, prompt_len + steps + 1, dtype=torch.long)
     if keys.shape[2] != int(seq_lens[-1]):
