@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
-import itertools
 import json
 import logging
 import os
@@ -158,8 +157,7 @@ class VllmEngine:
                 ending["stop_token_ids"] = [ByteTokenizer.newline_id]
         else:
             ending = {"stop": ["\n"] if stop.newline else None}
-        # FINAL_ONLY: a request reports once, when it finishes, not on every step
-        return self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens, output_kind=_final_only(),
+        return self.vllm.SamplingParams(temperature=0.0, max_tokens=stop.max_new_tokens,
                                         extra_args=request_settings(request), **ending)
 
     def run(self, instances: Sequence[Any], requests: Mapping[str, Sequence[Any]],
@@ -248,16 +246,17 @@ class VllmEngine:
         left: dict[str, int] = {}  # instance id -> its requests not finished yet
         held = 0  # prompt tokens of the open instances
 
-        engine, waited, serial = llm.llm_engine, 0.0, itertools.count()
+        engine, waited = llm.llm_engine, 0.0
 
         def submit(instance: Any, batch: Sequence[Any]) -> None:
             stop = stop_for(stops, instance.instance_id)
-            for request in batch:
-                request_id = f"locks-eval-{next(serial)}"
-                # the prompt's token ids, not its text: vLLM would tokenize it again for every arm and budget
-                engine.add_request(request_id, TokensPrompt(prompt_token_ids=ids[instance.instance_id]),
-                                   self._sampling(stop, request))  # fmt: skip
-                running[request_id] = (instance, request)
+            # the prompt's token ids, not its text: vLLM would tokenize it again for every arm and budget
+            prompts = [TokensPrompt(prompt_token_ids=ids[instance.instance_id]) for _ in batch]
+            added = llm.enqueue(prompts, [self._sampling(stop, request) for request in batch], use_tqdm=False)
+            for request_id, request in zip(added, batch):
+                # enqueue returns vLLM's internal id, "<the LLM's counter>-<8 random characters>"; outputs carry
+                # the counter alone
+                running[request_id.split("-", 1)[0]] = (instance, request)
 
         while queue or running:
             while queue and (not left or open_tokens is None or held + len(ids[queue[-1][0].instance_id]) <= open_tokens):
@@ -270,6 +269,8 @@ class VllmEngine:
             finished = [output for output in engine.step() if output.finished]
             waited += time.perf_counter() - start
             for output in finished:
+                if output.request_id not in running:
+                    raise RuntimeError(f"vLLM finished request {output.request_id!r}, which this run did not send")
                 instance, request = running.pop(output.request_id)
                 key = instance.instance_id
                 if later.get(key):
@@ -289,12 +290,6 @@ class VllmEngine:
         newline = completion.stop_reason in ("\n", ByteTokenizer.newline_id)
         reason = "max_new_tokens" if completion.finish_reason == "length" else ("newline" if newline else "eos")
         return Generation(token_ids, text, reason, seconds)
-
-
-def _final_only() -> Any:
-    from vllm.sampling_params import RequestOutputKind
-
-    return RequestOutputKind.FINAL_ONLY
 
 
 def _cache_tokens(llm: Any) -> int | None:

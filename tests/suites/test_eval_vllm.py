@@ -121,12 +121,14 @@ class _FakeCore:
     def __init__(self) -> None:
         self.added: list = []
         self.live: dict = {}  # request id -> [steps left, prompt, params]
+        self.serial = 0
 
-    def add_request(self, request_id, prompt, params):
-        assert request_id not in self.live
+    def add(self, prompt, params) -> str:
+        """As LLM.enqueue adds a request: it returns the internal id, the outputs carry the counter alone."""
+        request_id, self.serial = str(self.serial), self.serial + 1
         self.added.append((prompt, params))
-        _FakeLLM.sent.append(params)
         self.live[request_id] = [params["max_tokens"], prompt, params]
+        return f"{request_id}-a1b2c3d4"
 
     def step(self):
         _FakeLLM.calls.append([prompt for prompt, _ in self.added])
@@ -145,7 +147,6 @@ class _FakeCore:
 
 class _FakeLLM:
     calls: list = []
-    sent: list = []  # every request's sampling params
     env: list = []
     max_tokens: list = []
     core = _FakeCore
@@ -154,6 +155,9 @@ class _FakeLLM:
         _FakeLLM.env.append((engine_vllm.os.environ.get("VLLM_WORKER_MULTIPROC_METHOD"),
                              engine_vllm.os.environ.get("VLLM_PLUGINS")))  # fmt: skip
         self.llm_engine = self.core()
+
+    def enqueue(self, prompts, params, use_tqdm=True):
+        return [self.llm_engine.add(prompt, sp) for prompt, sp in zip(prompts, params)]
 
 
 def _steps() -> list[list[str]]:
@@ -173,7 +177,6 @@ def _fake_engine(monkeypatch) -> VllmEngine:
     _FakeLLM.calls.clear()
     _FakeLLM.env.clear()
     _FakeLLM.max_tokens.clear()
-    _FakeLLM.sent.clear()
     return engine
 
 
@@ -186,7 +189,6 @@ def test_each_prompt_is_prefilled_once_then_every_other_request_reads_the_cache(
     assert len(results) == 6
     for instance, request, generation, _ in results:  # every output went back to its own request
         assert generation.text == f"{instance.prompt} {request_settings(request)}"
-    assert [params["output_kind"].name for params in _FakeLLM.sent] == ["FINAL_ONLY"] * 6  # one output a request
     monkeypatch.setenv("VLLM_PLUGINS", "before")
     list(engine.run(instances[:1], {"i0": requests[:1]}, StopRule(2, newline=False)))
     assert engine_vllm.os.environ["VLLM_PLUGINS"] == "before"  # the engine's environment is set only while it starts
@@ -276,3 +278,20 @@ def test_open_prompts_stay_within_half_the_cache_each_request_with_its_instances
     assert [n for n in _FakeLLM.max_tokens if n] == [[3, 4], [3], [4], [5], [5], [6], [6]]
     for instance, request, generation, _ in results:
         assert generation.text == f"{instance.prompt} {request_settings(request)}"
+
+
+class _StrangerCore(_FakeCore):
+    def step(self):
+        return [SimpleNamespace(request_id="elsewhere", finished=True, outputs=[])]
+
+
+class _StrangerLLM(_FakeLLM):
+    core = _StrangerCore
+
+
+def test_an_output_of_a_request_the_run_did_not_send_is_an_error_not_a_wrong_record(monkeypatch):
+    engine = _fake_engine(monkeypatch)
+    engine.vllm.LLM = _StrangerLLM
+    instance = SimpleNamespace(instance_id="i0", prompt="p")
+    with pytest.raises(RuntimeError, match="finished request 'elsewhere', which this run did not send"):
+        list(engine.run([instance], {"i0": [Request(parse_arm("fullkv"), None)]}, StopRule(2, newline=False)))
