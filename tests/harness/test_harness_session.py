@@ -56,10 +56,13 @@ def test_cli_runs_the_cpu_engine_then_resumes(tmp_path, monkeypatch):
         live = 256 + plan.settle_steps + plan.windows * plan.steps_per_window // 2
         geometry = ModelGeometry.from_config(build_config("tiny-llama", None, 1024)[0])
         assert record["bytes_per_step"]["dense"] == batch * live * geometry.kv_bytes_per_token
-        # vLLM's CPU linear layers are repacked outside named_parameters(): the formula's count is used
         used, formula = record["engine"]["weights"], record["engine"]["weights_config"]
-        assert used["engine_parameters"] < formula["parameters"] and used["parameters"] == formula["parameters"]
-        assert record["bytes_per_step"]["weights"] == formula["read_per_step"]
+        if "engine_parameters" in used:  # vLLM's CPU linear layers repacked outside named_parameters() (AVX-512 hosts)
+            assert used["engine_parameters"] < formula["parameters"] and used["parameters"] == formula["parameters"]
+        else:  # the engine exposes every parameter: its own count, which agrees with the formula
+            assert used["source"] == "engine model parameters"
+            assert abs(used["parameters"] - formula["parameters"]) <= 0.01 * formula["parameters"]
+        assert record["bytes_per_step"]["weights"] == used["read_per_step"]
     ttft = records[0]["ttft_ms"]
     assert ttft["n"] == plan.ttft_repeats and len(ttft["steady"]) == plan.ttft_repeats
     assert ttft["first_after_decode"] > 0 and records[1]["ttft_ms"] is None  # TTFT once per engine
