@@ -6,8 +6,8 @@ set -u
 WAIT=${WAIT:-540}
 end=$((SECONDS + WAIT))
 while :; do
-  # the store's record count over time: the cell rate of this lease
-  echo "$(date +%T) $(cat /tmp/runs/quality-gemma3-270m-vllm.jsonl 2>/dev/null | wc -l)" >> /tmp/runs/progress.log
+  # the store's record count over time: the grid's cell rate
+  echo "$(date +%T) $(wc -l 2>/dev/null < /tmp/runs/quality-gemma3-270m-vllm.jsonl || echo 0)" >> /tmp/runs/progress.log
   tar -C /tmp -czf "$OUT/runs.tgz.tmp" runs 2>/dev/null && mv "$OUT/runs.tgz.tmp" "$OUT/runs.tgz"
   if grep -q "CHAIN DONE" /tmp/runs/chain.log 2>/dev/null; then echo "chain done"; break; fi
   (( SECONDS >= end )) && { echo "still running after ${WAIT}s"; break; }
