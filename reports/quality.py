@@ -29,6 +29,20 @@ def bootstrap_ci(scores: Sequence[float], level: float = 0.95, resamples: int = 
     return float(values.mean()), float(low), float(high)
 
 
+def task_mean_ci(scores_by_task: Sequence[Sequence[float]], level: float = 0.95, resamples: int = 2000,
+                 seed: int = 0) -> tuple[float, float, float]:  # fmt: skip
+    """(mean, low, high) of the mean of task means (RULER's average: every task weighs the same, whatever its
+    count of records), by a percentile bootstrap that resamples records within each task."""
+    groups = [np.asarray(g, dtype=np.float64) for g in scores_by_task if len(g)]
+    if not groups:
+        return (np.nan, np.nan, np.nan)
+    rng = np.random.default_rng(seed)
+    means = np.mean([g[rng.integers(0, g.size, size=(resamples, g.size))].mean(axis=1) for g in groups], axis=0)
+    tail = (1.0 - level) / 2.0
+    low, high = np.quantile(means, [tail, 1.0 - tail])
+    return float(np.mean([g.mean() for g in groups])), float(low), float(high)
+
+
 def _row(record: Record) -> dict:
     cell = record.get("cell") or {}
     status, reason = status_of(record)
@@ -59,10 +73,14 @@ def eval_frame(records: Sequence[Record]) -> pd.DataFrame:
 
 
 def common_records(frame: pd.DataFrame) -> pd.DataFrame:
-    """The rows of the (task, record) pairs that every arm of their table ran: the arms' pooled means then
-    compare the same prompts, not one arm's many tasks with another's few."""
+    """The rows of the (task, record) pairs that every arm at their budget ran, of the tasks every arm of their
+    table ran: the pooled means then cover the same tasks for every arm, and the same prompts for every arm at
+    one budget (a run cut short leaves some prompts with only a few of their cells)."""
     arms = frame.groupby(TABLE_KEYS)["arm_label"].transform("nunique")
-    return frame[frame.groupby(TABLE_KEYS + ["task", "record_id"])["arm_label"].transform("nunique") == arms]
+    frame = frame[frame.groupby(TABLE_KEYS + ["task"])["arm_label"].transform("nunique") == arms]
+    keys = TABLE_KEYS + ["budget_sort"]
+    at_budget = frame.groupby(keys)["arm_label"].transform("nunique")
+    return frame[frame.groupby(keys + ["task", "record_id"])["arm_label"].transform("nunique") == at_budget]
 
 
 def pooled_tasks(frame: pd.DataFrame) -> dict[tuple, tuple[list[str], list[str]]]:
@@ -75,17 +93,22 @@ def pooled_tasks(frame: pd.DataFrame) -> dict[tuple, tuple[list[str], list[str]]
 def quality_table(frame: pd.DataFrame) -> pd.DataFrame:
     """Per cell: n, mean score and its 95% bootstrap CI, plus a sentence for unscored records.
 
-    When a table has several tasks, an `(all tasks)` row pools the records that every arm ran
-    (`common_records`).
+    When a table has several tasks, an `(all tasks)` row holds the mean of the task means over the records
+    `common_records` keeps (`task_mean_ci`).
     """
     if frame.empty:
         return pd.DataFrame(columns=CELL_KEYS + ["n", "mean", "low", "high", "failures"])
     common = common_records(frame)
-    pooled = common[common.groupby(TABLE_KEYS)["task"].transform("nunique") > 1].assign(task=ALL_TASKS)
+    pooled = common[common.groupby(TABLE_KEYS)["task"].transform("nunique") > 1]
+    pooled = pooled.assign(pooled_task=pooled["task"], task=ALL_TASKS)
     rows = []
     for key, group in pd.concat([frame, pooled]).groupby(CELL_KEYS, sort=True):
-        scores = group.loc[group["status"] == "ok", "score"].to_numpy()
-        mean, low, high = bootstrap_ci(scores)
+        ok = group[group["status"] == "ok"]
+        scores = ok["score"].to_numpy()
+        if key[CELL_KEYS.index("task")] == ALL_TASKS:
+            mean, low, high = task_mean_ci([g.to_numpy() for _, g in ok.groupby("pooled_task")["score"]])
+        else:
+            mean, low, high = bootstrap_ci(scores)
         rows.append(dict(zip(CELL_KEYS, key), n=int(scores.size), mean=mean, low=low, high=high, failures=md.failures(group, "not scored")))
     table = pd.DataFrame(rows)
     table["task_sort"] = table["task"] == ALL_TASKS  # the pooled row closes each suite
@@ -143,11 +166,13 @@ REFERENCE_ARM = "fullkv"
 
 
 def paired_gap_table(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per (table, budget, sparse arm): the arm's score minus FullKV's on the same prompts, pooled over the table's
-    tasks, with a 95% bootstrap CI over those prompts. Pairing removes the prompts' own spread, which dominates
-    the CIs of the two means apart (a task FullKV cannot do adds zeros to both sides)."""
+    """Per (table, budget, sparse arm): the arm's score minus FullKV's on the same prompts, the mean of the task
+    means over the prompts `common_records` keeps, with a 95% bootstrap CI resampling prompts
+    within each task (`task_mean_ci`). Pairing removes the prompts' own spread, which dominates the CIs of the two
+    means apart (a task FullKV cannot do adds zeros to both sides)."""
     columns = TABLE_KEYS + ["budget_sort", "arm_label", "n", "mean", "low", "high"]
-    ok = frame[frame["status"] == "ok"]
+    common = common_records(frame)
+    ok = common[common["status"] == "ok"]
     reference = ok[ok["arm_label"] == REFERENCE_ARM].set_index(TABLE_KEYS + ["task", "record_id"])["score"]
     sparse = ok[(ok["arm_label"] != REFERENCE_ARM) & (ok["budget_sort"] != FULL_BUDGET)]
     if reference.empty or sparse.empty:
@@ -158,7 +183,8 @@ def paired_gap_table(frame: pd.DataFrame) -> pd.DataFrame:
         both = scores.index.intersection(reference.index)
         if both.empty:
             continue
-        mean, low, high = bootstrap_ci((scores.loc[both] - reference.loc[both]).to_numpy())
+        gaps = scores.loc[both] - reference.loc[both]
+        mean, low, high = task_mean_ci([g.to_numpy() for _, g in gaps.groupby(level="task")])
         rows.append(dict(zip(TABLE_KEYS + ["budget_sort", "arm_label"], key), n=len(both), mean=mean, low=low, high=high))
     return pd.DataFrame(rows, columns=columns)
 
@@ -168,7 +194,8 @@ def render_paired_gaps(frame: pd.DataFrame) -> str:
     table = paired_gap_table(frame)
     if table.empty:
         return ""
-    parts = ["## Score minus FullKV on the same prompts (every task pooled, 95% bootstrap CI over prompts)"]
+    parts = ["## Score minus FullKV on the same prompts (mean of the task means, 95% bootstrap CI over prompts within "
+             "each task)"]
     for (suite, model, engine), group in table.groupby(TABLE_KEYS[:3], sort=True):
         arms = sorted(group["arm_label"].unique())
         rows = []

@@ -18,6 +18,7 @@ from .provenance import provenance_header, records_caption
 from .quality import eval_frame, render_paired_gaps, render_quality
 from .records import Record, RecordSet, RecordsError, split_by_schema
 from .schemas import DECODE, EVAL, KERNEL, KNOWN_SCHEMAS, MICROSCOPE
+from .task_floors import render_task_floors
 
 
 def known_records(records: Iterable[Record], name: str = "the results") -> RecordSet:
@@ -67,6 +68,7 @@ def render_report(records: Iterable[Record], title: str = "Locks results", sourc
         render_kernel(kernel_frame(record_set.get(KERNEL)), notes),
         render_quality(evals := eval_frame(record_set.get(EVAL)), notes),
         render_paired_gaps(evals),
+        render_task_floors(evals),
         render_microscope(microscope_frame(record_set.get(MICROSCOPE)), notes),
     ]
     return _document(title, sections, notes)

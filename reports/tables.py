@@ -17,6 +17,7 @@ from .microscope import fidelity_table, microscope_frame
 from .quality import budget_text, eval_frame, quality_table
 from .records import RecordSet
 from .schemas import DECODE, EVAL, KERNEL, MICROSCOPE
+from .task_floors import budget_floor_table, fullkv_task_table
 
 TABLE_FORMATS = ("csv", "json")
 
@@ -56,7 +57,11 @@ def data_tables(record_set: RecordSet, runs: str = "all") -> dict[str, pd.DataFr
         noise = noise_frame(decode)
         if len(noise):
             tables["noise"] = noise
-    quality = quality_table(eval_frame(record_set.get(EVAL)))
+    evals = eval_frame(record_set.get(EVAL))
+    quality = quality_table(evals)
+    for name, frame in (("fullkv_tasks", fullkv_task_table(evals)), ("budget_floors", budget_floor_table(evals))):
+        if len(frame):
+            tables[name] = frame
     if len(quality):  # the budget as the markdown writes it ("full" for FullKV), not its sort key
         budget = quality.pop("budget_sort").map(budget_text)
         quality.insert(quality.columns.get_loc("arm_label"), "budget", budget)

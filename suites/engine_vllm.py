@@ -17,6 +17,7 @@ byte-level stand-in tokenizer, and needs no download at all.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import importlib
 import json
@@ -181,15 +182,14 @@ class VllmEngine:
         order = {instance.instance_id: n for n, instance in enumerate(instances)}
         # once per instance for every engine, not per cell: a 32K prompt takes ~30 ms to tokenize, a grid has 25
         # cells an instance
-        ids = {i.instance_id: _prompt_ids(i, self.tokenizer) for i in instances if requests.get(i.instance_id)}
+        ids = prompt_ids([i for i in instances if requests.get(i.instance_id)], self.tokenizer)
         for fmt, cells in groups:
             if not cells:
                 continue
             cells.sort(key=lambda cell: order[cell[0].instance_id])  # stable: an instance's requests together
             need = max(len(ids[i.instance_id]) + stop_for(stops, i.instance_id).max_new_tokens for i, _ in cells)
             llm = self._llm_for(fmt, max(budgets, default=2048), need)
-            held = _cache_tokens(llm)
-            yield from self._stream(llm, cells, ids, stops, held // 2 if held else None)
+            yield from self._stream(llm, cells, ids, stops, _window(llm))
 
     def _engine_length(self, need: int) -> int:
         """The max_model_len of an engine whose longest request needs `need` tokens: the run's size or a little
@@ -225,13 +225,12 @@ class VllmEngine:
             _free_gpu()
 
     def _stream(self, llm: Any, cells: list[tuple[Any, Any]], ids: Mapping[str, list[int]], stops: Stops,
-                open_tokens: int | None) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
+                window: StreamWindow) -> Iterator[tuple[Any, Any, Generation, float]]:  # fmt: skip
         """`cells` (an instance's requests together) through one engine that is never left to drain.
 
         An instance opens with its first request alone, which prefills the prompt; when that one finishes, its
         other requests go in and read the prompt's pages from the prefix cache. New instances open while the
-        prompts of the open ones take at most `open_tokens` (half the cache: an open prompt is never evicted
-        before its requests have read it), so prefills of the next instances run beside the decodes of the
+        open ones stay within `window`, so prefills of the next instances run beside the decodes of the
         earlier ones, and only the run's last requests decode in a batch that empties.
         A record's seconds are the engine's wall time shared by the requests that finished in each step."""
         from vllm.inputs import TokensPrompt
@@ -247,6 +246,7 @@ class VllmEngine:
         later: dict[str, list[Any]] = {}  # instance id -> its requests that wait for the prompt to be cached
         left: dict[str, int] = {}  # instance id -> its requests not finished yet
         held = 0  # prompt tokens of the open instances
+        rows = 0  # requests of the open instances not finished yet
 
         engine, waited = llm.llm_engine, 0.0
 
@@ -261,10 +261,11 @@ class VllmEngine:
                 running[request_id.split("-", 1)[0]] = (instance, request)
 
         while queue or running:
-            while queue and (not left or open_tokens is None or held + len(ids[queue[-1][0].instance_id]) <= open_tokens):
+            while queue and (not left or window.admits(held + len(ids[queue[-1][0].instance_id]), rows)):
                 instance, batch = queue.pop()
                 key = instance.instance_id
                 held += len(ids[key])
+                rows += len(batch)
                 left[key], later[key] = len(batch), batch[1:]
                 submit(instance, batch[:1])
             start = time.perf_counter()
@@ -278,6 +279,7 @@ class VllmEngine:
                 if later.get(key):
                     submit(instance, later.pop(key))
                 left[key] -= 1
+                rows -= 1
                 if not left[key]:
                     del left[key]
                     held -= len(ids[key])
@@ -292,6 +294,33 @@ class VllmEngine:
         newline = completion.stop_reason in ("\n", ByteTokenizer.newline_id)
         reason = "max_new_tokens" if completion.finish_reason == "length" else ("newline" if newline else "eos")
         return Generation(token_ids, text, reason, seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamWindow:
+    """How much of a run is open in the engine at once.
+
+    tokens: prompt tokens of the open instances, at most (half the KV cache: an open prompt is never evicted
+        before its requests have read it); None: no bound.
+    rows: unfinished requests of the open instances below which the next instance opens (twice the engine's
+        max_num_seqs: a full batch waits behind the running one). Without it a 10M-token H200 cache opened ~900
+        instances at once, each with only its first request done when the lease ended.
+    """
+
+    tokens: int | None = None
+    rows: int | None = None
+
+    def admits(self, tokens: int, rows: int) -> bool:
+        """Whether an instance that brings the open prompts to `tokens` opens beside `rows` unfinished requests."""
+        return (self.tokens is None or tokens <= self.tokens) and (self.rows is None or rows < self.rows)
+
+
+def _window(llm: Any) -> StreamWindow:
+    """The stream window of an engine from its KV cache size and its scheduler's max_num_seqs."""
+    held = _cache_tokens(llm)
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    seqs = getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None)
+    return StreamWindow(held // 2 if held else None, 2 * seqs if isinstance(seqs, int) and seqs > 0 else None)
 
 
 def _cache_tokens(llm: Any) -> int | None:
@@ -334,10 +363,18 @@ def engine_length(need: int, size: int, model: str) -> int:
     return min(size, limit)
 
 
-def _prompt_ids(instance: Any, tokenizer: Any) -> list[int]:
-    """The instance's own token ids when it has them (then they are the prompt), else its text tokenized."""
-    ids = getattr(instance, "token_ids", None)
-    return list(ids) if ids is not None else tokenizer.encode(instance.prompt)
+def prompt_ids(instances: Sequence[Any], tokenizer: Any) -> dict[str, list[int]]:
+    """instance id -> its prompt's token ids: the instance's own when it has them, else its text tokenized, in
+    one batch where the tokenizer is a fast (Rust) one, which encodes a batch on every core (2600 RULER prompts of
+    4K-32K took 78 s one at a time on the H200 machine)."""
+    ids = {i.instance_id: list(i.token_ids) for i in instances if getattr(i, "token_ids", None) is not None}
+    texts = [i for i in instances if i.instance_id not in ids]
+    if texts and getattr(tokenizer, "is_fast", False):
+        encoded = tokenizer([i.prompt for i in texts], add_special_tokens=True)["input_ids"]
+    else:
+        encoded = [tokenizer.encode(i.prompt) for i in texts]
+    ids.update((i.instance_id, list(e)) for i, e in zip(texts, encoded))
+    return ids
 
 
 @contextlib.contextmanager

@@ -4,6 +4,8 @@
 # Usage (on the device): WAIT=540 bash docs/lease/pollloop.sh
 set -u
 WAIT=${WAIT:-540}
+# A machine without the chain is a fresh one (the warm one went back): waiting would only spend device time.
+[[ -f /tmp/runs/chain.log ]] || { echo "no chain on this machine: it was given back; start over (grid.sh)"; exit 3; }
 end=$((SECONDS + WAIT))
 while :; do
   # the store's record count over time: the grid's cell rate

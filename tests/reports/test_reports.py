@@ -268,6 +268,56 @@ def test_the_pooled_row_holds_only_the_records_every_arm_ran():
     assert "(all tasks)[^" in text and "left out, not run by every arm: c" in notes.render()
 
 
+def test_pooled_rows_weigh_every_task_alike_and_hold_the_prompts_every_arm_ran_at_that_budget():
+    from locks_toolkit.reports.quality import paired_gap_table
+
+    rec = _eval_record
+    settings = (("fullkv", None), ("locks", 64), ("quest", 64), ("locks", 128), ("quest", 128))
+    rows = [rec("a", f"a/{i}", arm, b, 1.0) for i in range(2) for arm, b in settings]
+    rows += [rec("b", f"b/{i}", arm, b, 0.0) for i in range(8) for arm, b in settings]
+    # a prompt cut short: FullKV and both arms at 64 ran, quest at 128 did not
+    rows += [rec("b", "b/8", arm, b, 1.0 if b == 128 else 0.0) for arm, b in settings[:4]]
+    frame = eval_frame(rows)
+    table = quality_table(frame).set_index(["task", "arm_label", "budget_sort"])
+    assert table.loc[("(all tasks)", "locks", 64.0)]["mean"] == pytest.approx(0.5)  # the task means' mean, not 2/11
+    assert table.loc[("(all tasks)", "locks", 64.0)]["n"] == 11
+    assert table.loc[("(all tasks)", "locks", 128.0)]["n"] == 10  # b/8 left out where quest lacks it
+    assert table.loc[("(all tasks)", "locks", 128.0)]["mean"] == pytest.approx(0.5)
+    assert table.loc[("b", "locks", 128.0)]["n"] == 9  # the task's own row keeps every record
+    gaps = paired_gap_table(frame).set_index(["budget_sort", "arm_label"])
+    assert gaps.loc[(128.0, "locks")]["n"] == 10 and gaps.loc[(128.0, "locks")]["mean"] == pytest.approx(0.0)
+
+
+def test_budget_floors_walk_down_from_the_largest_budget_and_name_what_fullkv_cannot_do():
+    from locks_toolkit.reports.task_floors import budget_floor_table, render_task_floors
+
+    rec = _eval_record
+    # task a: FullKV 1.0; locks 0.0 at 64, 1.0 at 128, 0.0 at 256 (a dip), 1.0 at 512; quest 0.95 from 64 on
+    locks = {64: 0.0, 128: 1.0, 256: 0.0, 512: 1.0}
+    rows = [rec("a", f"a/{i}", "fullkv", None, 1.0) for i in range(2)]
+    rows += [rec("a", f"a/{i}", "locks", b, s) for i in range(2) for b, s in locks.items()]
+    rows += [rec("a", f"a/{i}", "quest", b, 0.95) for i in range(2) for b in locks]
+    rows += [rec("z", "z/0", arm, b, 0.0) for arm, b in (("fullkv", None), ("locks", 64), ("quest", 64))]
+    rows += [rec("w", "w/0", "fullkv", None, 1.0), rec("w", "w/0", "locks", 64, 0.0)]  # below at its one budget
+    floors = budget_floor_table(eval_frame(rows)).set_index(["task", "arm_label"])
+    assert floors.loc[("a", "locks"), "floor"] == 512  # 128 keeps up, but 256 does not: the floor is above the dip
+    assert floors.loc[("a", "quest"), "floor"] == 64
+    assert math.isnan(floors.loc[("w", "locks"), "floor"]) and floors.loc[("w", "locks"), "largest"] == 64
+    text = render_task_floors(eval_frame(rows))
+    assert "| a | 512 / 64 |" in text and "| z | FullKV 0 |" in text and "| w | >64 / — |" in text
+    assert "| z | 0.00 (n=1) |" in text and "| **3-task mean** | **0.67** |" in text
+
+
+def test_task_mean_ci_resamples_within_each_task():
+    from locks_toolkit.reports.quality import task_mean_ci
+
+    mean, low, high = task_mean_ci([[1.0, 1.0], [0.0] * 8])
+    assert mean == low == high == pytest.approx(0.5)  # no task's spread: no interval, whatever the counts
+    mean, low, high = task_mean_ci([[0.0, 1.0] * 10, [0.5] * 3])
+    assert mean == pytest.approx(0.5) and 0.25 < low < 0.5 < high < 0.75  # half the one task's own interval
+    assert all(math.isnan(v) for v in task_mean_ci([[], []]))
+
+
 def test_the_same_cell_from_two_engines_is_two_cells_in_two_tables():
     base = [r for r in records("eval") if r.get("status") == "ok"][:3]
     both = [{**r, "engine": "transformers"} for r in base] + [{**r, "engine": "vllm", "score": 1.0 - r["score"]} for r in base]

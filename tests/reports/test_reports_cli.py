@@ -118,7 +118,7 @@ def test_tables_as_csv_and_json_beside_the_markdown(tmp_path):
     result = runner.invoke(app, ["report", *files, "--out", str(out), "--format", "md,csv,json"])
     assert result.exit_code == 0, result.output
     assert out.read_text(encoding="utf-8") == render_report(read_jsonl(files), sources=[Path(f).name for f in files])
-    names = {"decode", "batched_grid", "noise", "quality", "microscope", "kernel"}
+    names = {"decode", "batched_grid", "noise", "quality", "fullkv_tasks", "budget_floors", "microscope", "kernel"}
     assert {p.name for p in tmp_path.iterdir()} == {"report.md"} | {f"report.{n}.{f}" for n in names for f in ("csv", "json")}
     decode = pd.read_csv(tmp_path / "report.decode.csv")
     # the numbers behind the ladder: the markdown shows fa3 @ 32k bs8 as 9.10 ± 0.03

@@ -280,6 +280,41 @@ def test_open_prompts_stay_within_half_the_cache_each_request_with_its_instances
         assert generation.text == f"{instance.prompt} {request_settings(request)}"
 
 
+class _FewSeqsCore(_FakeCore):
+    """An engine that schedules 2 requests a step: 4 unfinished requests keep the next instances out."""
+
+    vllm_config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=2))
+
+
+class _FewSeqsLLM(_FakeLLM):
+    core = _FewSeqsCore
+
+
+def test_instances_open_while_their_unfinished_requests_stay_under_twice_the_engines_rows(monkeypatch):
+    engine = _fake_engine(monkeypatch)
+    engine.vllm.LLM = _FewSeqsLLM
+    instances = [SimpleNamespace(instance_id=key, prompt=key) for key in ("a", "b", "c", "d")]
+    requests = [Request(parse_arm("fullkv"), None), Request(parse_arm("locks:r8i4"), 64)]
+    stops = {"a": StopRule(1, newline=False), "b": StopRule(3, newline=False), "c": StopRule(1, newline=False),
+             "d": StopRule(1, newline=False)}  # fmt: skip
+    results = list(engine.run(instances, {i.instance_id: requests for i in instances}, stops))
+    # a and b open with 4 requests unfinished, so c waits for a's first request to finish, and d for a's second
+    # (then c's second goes in beside it); without the bound all four would open in the first step
+    assert _steps() == [["a", "b"], ["a", "c"], ["c", "d"], ["b", "d"]]
+    assert len(results) == 8
+
+
+def test_the_stream_window_bounds_tokens_and_rows_each_only_when_known():
+    window = engine_vllm.StreamWindow(tokens=100, rows=4)
+    assert window.admits(100, 3) and not window.admits(101, 0) and not window.admits(50, 4)
+    assert engine_vllm.StreamWindow().admits(10**9, 10**6)
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(
+        cache_config=SimpleNamespace(num_gpu_blocks=10, block_size=16),
+        scheduler_config=SimpleNamespace(max_num_seqs=256))))  # fmt: skip
+    assert engine_vllm._window(llm) == engine_vllm.StreamWindow(tokens=80, rows=512)
+    assert engine_vllm._window(SimpleNamespace()) == engine_vllm.StreamWindow()
+
+
 class _StrangerCore(_FakeCore):
     def step(self):
         return [SimpleNamespace(request_id="elsewhere", finished=True, outputs=[])]
@@ -295,3 +330,33 @@ def test_an_output_of_a_request_the_run_did_not_send_is_an_error_not_a_wrong_rec
     instance = SimpleNamespace(instance_id="i0", prompt="p")
     with pytest.raises(RuntimeError, match="finished request 'elsewhere', which this run did not send"):
         list(engine.run([instance], {"i0": [Request(parse_arm("fullkv"), None)]}, StopRule(2, newline=False)))
+
+
+def test_prompt_ids_encode_a_batch_with_a_fast_tokenizer_as_one_at_a_time_would():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<bos>", "<unk>", "the", "needle", "is", "in", "hay"]
+    core = Tokenizer(models.WordLevel({w: n for n, w in enumerate(words)}, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    from tokenizers.processors import TemplateProcessing
+
+    core.post_processor = TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    calls = []
+
+    class Counted(PreTrainedTokenizerFast):
+        def __call__(self, text, **kwargs):
+            calls.append(len(text) if isinstance(text, list) else 1)
+            return super().__call__(text, **kwargs)
+
+    fast = Counted(tokenizer_object=core, bos_token="<bos>", unk_token="<unk>")
+    instances = [SimpleNamespace(instance_id="a", prompt="the needle is in hay"),
+                 SimpleNamespace(instance_id="b", prompt="hay is hay x"),
+                 SimpleNamespace(instance_id="c", prompt="ignored", token_ids=(5, 6))]  # fmt: skip
+    ids = engine_vllm.prompt_ids(instances, fast)
+    assert calls == [2]  # one batch for the two texts; c brings its own ids
+    calls.clear()
+    assert ids == {"a": fast.encode("the needle is in hay"), "b": fast.encode("hay is hay x"), "c": [5, 6]}
+    assert ids["a"][0] == 0 and ids["b"][-1] == 1  # the special token and the unknown word, as encode gives them
+    slow = ByteTokenizer()
+    assert engine_vllm.prompt_ids(instances[:1], slow) == {"a": slow.encode("the needle is in hay")}
