@@ -30,12 +30,14 @@ def combine_group(scores: torch.Tensor, rule: str, page_mask: torch.Tensor | Non
     return combined
 
 
-def select_pages(group_scores: torch.Tensor, num_pages: int | torch.Tensor, page_budget: int) -> torch.Tensor:
+def select_pages(group_scores: torch.Tensor, num_pages: int | torch.Tensor, page_budget: int,
+                 checked: bool = True) -> torch.Tensor:  # fmt: skip
     """group_scores [..., P], num_pages int or int[...] -> int64 [..., k] logical page ids.
 
     Ascending and -1 padded. With n = num_pages > k: the sink page 0, the most recent page n - 1 and
     the top-(k - 2) of pages 1..n-2 by group score (ties go to the lower page id). With n <= k:
-    every page 0..n-1 (the dense fallback).
+    every page 0..n-1 (the dense fallback). checked=False leaves out the check that n is in 1..P, which
+    reads a device tensor back: for callers that hold n in range themselves (a decode step per layer).
     """
     if page_budget < 2:
         raise ValueError(f"page budget {page_budget} leaves no room for the sink and recent pages; pass k >= 2")
@@ -43,7 +45,7 @@ def select_pages(group_scores: torch.Tensor, num_pages: int | torch.Tensor, page
     device = group_scores.device
     lead = group_scores.shape[:-1]
     n = torch.as_tensor(num_pages, device=device, dtype=torch.int64).expand(lead).unsqueeze(-1)  # [..., 1]
-    if (n > num_candidates).any() or (n < 1).any():
+    if checked and ((n > num_candidates).any() or (n < 1).any()):
         raise ValueError(f"num_pages must be in 1..{num_candidates} (the scored pages); got {num_pages}")
     page_ids = torch.arange(num_candidates, device=device).expand(*lead, num_candidates)
     contested = (page_ids > 0) & (page_ids < n - 1)

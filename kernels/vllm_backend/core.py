@@ -336,7 +336,7 @@ class LocksImplMixin:
                                        combine, self.num_kv_heads, step.workspace)  # fmt: skip
             else:
                 key_score_select(group.selection.scorer, q, k_cache, block_table, seq_lens, selected, k, self.scale,
-                                 combine, self.num_kv_heads)  # fmt: skip
+                                 combine, self.num_kv_heads, host_lens=group.host_seq_lens)  # fmt: skip
             result = torch.empty_like(q)
             self._ops.sparse_paged_decode(q, k_cache, v_cache, block_table, seq_lens, selected, self.scale, result,
                                           step.workspace)  # fmt: skip

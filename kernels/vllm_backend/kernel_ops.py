@@ -128,16 +128,19 @@ def _select_each_row(q, block_table, seq_lens, selected_pages, page_budget, comb
 _KEY_SCORE_CHUNK_BYTES = 1 << 30
 
 
-def key_score_select(scorer_name, q, k_cache, block_table, seq_lens, selected_pages, page_budget, scale, combine, num_kv_heads) -> None:
+def key_score_select(scorer_name, q, k_cache, block_table, seq_lens, selected_pages, page_budget, scale, combine,
+                     num_kv_heads, host_lens=None) -> None:  # fmt: skip
     """Same contract as score_select, scoring pages from the keys (oracle, quest, centroid).
 
     On CUDA the rows go in chunks (`key_score_select_batched`): row by row, a batch of hundreds of rows
     is bound by a dozen launches per row and layer. On the CPU row by row was the faster of the two in a
     side-by-side run (each row's keys stay in cache; the chunks' padded intermediates do not).
+    `host_lens`: the rows' lengths as the host knows them (an upper bound of seq_lens), so that chunking
+    them does not wait for the device.
     """
     if k_cache.is_cuda:
         key_score_select_batched(scorer_name, q, k_cache, block_table, seq_lens, selected_pages, page_budget, scale,
-                                 combine, num_kv_heads)  # fmt: skip
+                                 combine, num_kv_heads, host_lens)  # fmt: skip
         return
     scorer = make_scorer(scorer_name)
 
@@ -149,14 +152,17 @@ def key_score_select(scorer_name, q, k_cache, block_table, seq_lens, selected_pa
 
 
 def key_score_select_batched(scorer_name, q, k_cache, block_table, seq_lens, selected_pages, page_budget, scale, combine,
-                             num_kv_heads) -> None:  # fmt: skip
+                             num_kv_heads, host_lens=None) -> None:  # fmt: skip
     """key_score_select in chunks of rows: one gather, score, combine and select per chunk, padded to the
-    chunk's longest table and masked, so each row gets the pages `_select_each_row` gives it."""
+    chunk's longest table and masked, so each row gets the pages `_select_each_row` gives it.
+
+    The chunks are cut by `host_lens` when given (an upper bound of each row's length: a longer chunk only pads
+    more), else by seq_lens read back from the device; the masks always come from the device's seq_lens."""
     scorer = make_scorer(scorer_name)
     num_seqs, num_q_heads, head_dim = q.shape
     group = num_q_heads // num_kv_heads
     selected_pages.fill_(-1)
-    lengths = seq_lens[:num_seqs].tolist()
+    lengths = [int(n) for n in host_lens[:num_seqs]] if host_lens is not None else seq_lens[:num_seqs].tolist()
     live = [row for row, n in enumerate(lengths) if n > 0]  # seq_len 0: CUDA-graph padding rows
     # fp32 keys of a page, and quest's [G, P, d] products, per KV head
     page_bytes = PAGE_SIZE * head_dim * 4 * num_kv_heads + group * head_dim * 4 * num_kv_heads
@@ -172,13 +178,17 @@ def key_score_select_batched(scorer_name, q, k_cache, block_table, seq_lens, sel
         rows = torch.tensor(live[start:end], device=q.device)
         lens = seq_lens[rows].long()
         num_pages = (lens + PAGE_SIZE - 1) // PAGE_SIZE  # [R]
+        longest = min(longest, block_table.shape[1])  # a host bound past the table: the table's pages are all
         blocks = block_table[rows, :longest].long().clamp_min(0)  # past a row's pages: any block, masked below
         keys = k_cache[blocks].permute(0, 3, 1, 2, 4)  # [R, Hkv, P, 16, d]
         grouped_q = q[rows].reshape(len(rows), num_kv_heads, group, head_dim).float()
         scores = scorer.scores(scorer.prepare(keys), grouped_q, scale)  # [R, Hkv, G, P]
         scored = torch.clamp_min(lens - 1, 0) // PAGE_SIZE  # config.scored_pages, per row
         mask = (torch.arange(longest, device=q.device) < scored[:, None]).unsqueeze(1).expand(-1, num_kv_heads, -1)
-        chosen = select_pages(combine_group(scores, combine, mask), num_pages[:, None].expand(-1, num_kv_heads), page_budget)
+        # a row the host bound counted but the device holds empty (no pages) selects nothing
+        pages = num_pages.clamp(1, longest)[:, None].expand(-1, num_kv_heads)
+        chosen = select_pages(combine_group(scores, combine, mask), pages, page_budget, checked=False)
+        chosen = chosen.masked_fill((num_pages == 0)[:, None, None], -1)
         selected_pages[rows] = chosen.to(selected_pages.dtype)
         start = end
 

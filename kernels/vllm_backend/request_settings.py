@@ -136,6 +136,7 @@ class RowGroup:
     selection: RequestSelection
     rows: torch.Tensor  # int64 [n] on the step's device
     host_rows: np.ndarray  # the same rows on the host
+    host_seq_lens: np.ndarray  # their sequence lengths as the host knows them (at least the device's)
 
     @property
     def count(self) -> int:
@@ -168,5 +169,6 @@ def row_groups(num_decodes: int, seq_lens: Sequence[int], default: RequestSelect
         by_selection.setdefault(selection, []).append(row)
     if set(by_selection) <= {default}:
         return None
-    return [RowGroup(sel, torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True), np.asarray(rows))
+    return [RowGroup(sel, torch.tensor(rows, dtype=torch.long).to(device, non_blocking=True), np.asarray(rows),
+                     np.asarray([int(seq_lens[row]) for row in rows]))
             for sel, rows in by_selection.items()]  # fmt: skip

@@ -67,6 +67,21 @@ def test_batched_key_selection_reads_bf16_caches_like_the_reference():
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("slack", [0, 16 * 40])
+def test_host_lengths_cut_the_chunks_without_changing_the_pages(slack, monkeypatch):
+    """Chunks cut by the host's lengths (exact, or an upper bound past the block table) select what the device's
+    lengths select; a row the host counts but the device holds empty (a padding row) selects nothing."""
+    q, k_cache, table, lengths = _case(seed=11 + slack, dtype=torch.float32, num_kv_heads=2, group=3)
+    want = torch.zeros(len(lengths), 2, 5, dtype=torch.int32)
+    _row_by_row("centroid", q, k_cache, table, lengths, want, 5, 0.2, "group_max", 2)
+    monkeypatch.setattr(kernel_ops, "_KEY_SCORE_CHUNK_BYTES", 3 * 32 * PAGE_SIZE * 32 * 4 * 2)
+    host = [n + slack for n in lengths.tolist()]
+    got = torch.full_like(want, 7)
+    key_score_select_batched("centroid", q, k_cache, table, lengths, got, 5, 0.2, "group_max", 2, host_lens=host)
+    assert torch.equal(got, want)
+    assert host[0] == slack and (got[0] == -1).all()  # the padding row, live by the host's count when slack > 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA dispatch needs a GPU; the batched path is checked above")
 def test_on_cuda_the_dispatch_runs_the_batched_path_with_the_reference_pages():
     q, k_cache, table, lengths = _case(seed=9, dtype=torch.float32, num_kv_heads=2, group=3)

@@ -97,6 +97,7 @@ def test_rows_group_by_selection_and_a_prompt_tail_row_is_exact():
     by_label = {g.selection.label(): g.host_rows.tolist() for g in groups}
     assert by_label == {"quest b=64": [0, 2], "locks b=2048": [1], "dense": [3]}
     assert all(g.rows.tolist() == g.host_rows.tolist() for g in groups)
+    assert {g.selection.label(): g.host_seq_lens.tolist() for g in groups}["quest b=64"] == [41, 60]
     # the same batch one step later: row 3 decodes with its own scorer at the engine's budget
     later = {g.selection.label(): g.host_rows.tolist() for g in rs.row_groups(4, [42, 51, 61, 100], DEFAULT, torch.device("cpu"))}
     assert later["oracle b=2048"] == [3]
