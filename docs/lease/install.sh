@@ -6,7 +6,8 @@ set -eu
 mkdir -p /tmp/vllm-parts /tmp/runs
 cp .gpu/q2/* /tmp/vllm-parts/
 [[ -d /tmp/site/vllm ]] || NO_TEST=1 bash /tmp/vllm-parts/install-on-gpu.sh /tmp/vllm-parts /tmp/site
-export PYTHONPATH=/tmp/site VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+# PYTHONSAFEPATH: `python3 -m` from the checkout must not import its kernels/ folder as PyPI's `kernels`.
+export PYTHONSAFEPATH=1 PYTHONPATH=/tmp/site VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
        PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .gpu/wheel/*.whl $(ls /tmp/evalwhl/*.whl 2>/dev/null)
 set +e
