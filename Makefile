@@ -12,11 +12,9 @@ demo: venv
 
 # TRITON_INTERPRET=1 runs the Triton kernels on the CPU (no GPU here or in CI). TEST_WORKERS pytest-xdist
 # workers (one per core of the CI machine); the engine tests share one of them (tests/conftest.py).
-# PYTHONSAFEPATH=1: no process of the suite (nor the engine workers it starts with `python -c`) puts the
-# checkout on sys.path, where its kernels/ folder would stand in for PyPI's `kernels` (transformers >= 5.25).
 TEST_WORKERS ?= 2
 test: venv
-	PYTHONSAFEPATH=1 TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # A wheel for machines without the checkout (the H200): it carries the commit in build_info.json so
 # records made there still name the code that made them.

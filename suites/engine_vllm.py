@@ -249,6 +249,7 @@ class VllmEngine:
         rows = 0  # requests of the open instances not finished yet
 
         engine, waited = llm.llm_engine, 0.0
+        pace = StreamPace()
 
         def submit(instance: Any, batch: Sequence[Any]) -> None:
             stop = stop_for(stops, instance.instance_id)
@@ -270,7 +271,8 @@ class VllmEngine:
                 submit(instance, batch[:1])
             start = time.perf_counter()
             finished = [output for output in engine.step() if output.finished]
-            waited += time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            waited += seconds
             for output in finished:
                 if output.request_id not in running:
                     raise RuntimeError(f"vLLM finished request {output.request_id!r}, which this run did not send")
@@ -283,9 +285,12 @@ class VllmEngine:
                 if not left[key]:
                     del left[key]
                     held -= len(ids[key])
-                yield instance, request, self._generation(output, waited / len(finished)), 0.0
+                generation = self._generation(output, waited / len(finished))
+                pace.finished(len(generation.token_ids))
+                yield instance, request, generation, 0.0
             if finished:
                 waited = 0.0
+            pace.step(seconds, open_instances=len(left), open_requests=rows)
 
     def _generation(self, output: Any, seconds: float) -> Generation:
         completion = output.outputs[0]
@@ -294,6 +299,34 @@ class VllmEngine:
         newline = completion.stop_reason in ("\n", ByteTokenizer.newline_id)
         reason = "max_new_tokens" if completion.finish_reason == "length" else ("newline" if newline else "eos")
         return Generation(token_ids, text, reason, seconds)
+
+
+@dataclasses.dataclass
+class StreamPace:
+    """The stream's pace, logged once a `every` seconds of engine steps: cells and tokens a second, steps and
+    their mean time, tokens per step (about the rows each step decodes) and what is open. It tells a run bound
+    by a step's fixed cost (few tokens a step) from one bound by its rows."""
+
+    every: float = 60.0
+    steps: int = 0
+    seconds: float = 0.0
+    cells: int = 0
+    tokens: int = 0
+
+    def finished(self, tokens: int) -> None:
+        self.cells, self.tokens = self.cells + 1, self.tokens + tokens
+
+    def step(self, seconds: float, open_instances: int, open_requests: int) -> str | None:
+        """Count one engine step; the line logged when `every` seconds have gathered (then start over)."""
+        self.steps, self.seconds = self.steps + 1, self.seconds + seconds
+        if self.seconds < self.every:
+            return None
+        line = (f"stream: {self.cells / self.seconds:.1f} cells/s, {self.tokens / self.seconds:.0f} tokens/s; "
+                f"{self.steps} steps of {1e3 * self.seconds / self.steps:.1f} ms, {self.tokens / self.steps:.1f} "
+                f"tokens a step; {open_instances} instances open, {open_requests} requests unfinished")  # fmt: skip
+        logger.info("%s", line)
+        self.steps, self.seconds, self.cells, self.tokens = 0, 0.0, 0, 0
+        return line
 
 
 @dataclasses.dataclass(frozen=True)

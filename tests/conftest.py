@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-import pytest
+# The checkout's top-level folders are the package's modules, not importable names. `python -m pytest` puts the
+# checkout on sys.path, where kernels/ stands in for PyPI's `kernels` (which transformers >= 5.25 imports): take
+# it off before anything imports, and keep the processes the tests start (vLLM's `python -c` workers) off it.
+_CHECKOUT = str(Path(__file__).resolve().parents[1])
+sys.path[:] = [p for p in sys.path if p not in ("", _CHECKOUT)]
+os.environ["PYTHONSAFEPATH"] = "1"
+
+import pytest  # noqa: E402
 import torch
 from locks_toolkit.kernels.testing import fresh_seed, generator
 

@@ -1,6 +1,6 @@
-"""The test command keeps the checkout off sys.path: its top-level folders (kernels/, suites/, ...) are the
-package's modules, not importable names, and kernels/ would stand in for PyPI's `kernels`, which transformers
->= 5.25 imports (every vLLM engine of the suite then failed to start)."""
+"""The suite keeps the checkout off sys.path (tests/conftest.py): its top-level folders (kernels/, suites/, ...)
+are the package's modules, not importable names, and kernels/ would stand in for PyPI's `kernels`, which
+transformers >= 5.25 imports (every vLLM engine of the suite then failed to start)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,6 @@ def test_a_process_started_from_the_checkout_does_not_import_its_folders_as_top_
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=os.environ, capture_output=True, text=True, check=True)
     origin = out.stdout.strip()
     assert not origin.startswith(str(ROOT / "kernels")), (
-        f"`import kernels` finds {origin}: run the tests with PYTHONSAFEPATH=1 (make test) so that the checkout's "
-        "folders do not shadow installed modules")
+        f"`import kernels` finds {origin}: tests/conftest.py must set PYTHONSAFEPATH=1 for the processes "
+        "the tests start, so that the checkout's folders do not shadow installed modules")
     assert str(ROOT) not in sys.path and "" not in sys.path

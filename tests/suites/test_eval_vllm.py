@@ -360,3 +360,15 @@ def test_prompt_ids_encode_a_batch_with_a_fast_tokenizer_as_one_at_a_time_would(
     assert ids["a"][0] == 0 and ids["b"][-1] == 1  # the special token and the unknown word, as encode gives them
     slow = ByteTokenizer()
     assert engine_vllm.prompt_ids(instances[:1], slow) == {"a": slow.encode("the needle is in hay")}
+
+
+def test_the_stream_pace_logs_rates_and_tokens_a_step_once_a_window_of_engine_time_gathered():
+    pace = engine_vllm.StreamPace(every=1.0)
+    for _ in range(3):
+        pace.finished(tokens=8)
+    assert pace.step(0.4, open_instances=2, open_requests=9) is None
+    line = pace.step(0.6, open_instances=2, open_requests=7)
+    assert line == ("stream: 3.0 cells/s, 24 tokens/s; 2 steps of 500.0 ms, 12.0 tokens a step; "
+                    "2 instances open, 7 requests unfinished")  # fmt: skip
+    assert pace.step(0.5, open_instances=1, open_requests=1) is None  # a new window starts after each line
+    assert pace.steps == 1 and pace.cells == 0
