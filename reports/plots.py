@@ -15,7 +15,7 @@ from . import markdown as md
 from .decode import SETUP_KEYS, setup_title
 from .grid import grid_frame, own_frontiers
 from .microscope import RUN_KEYS, fidelity_table
-from .quality import ALL_TASKS, FULL_BUDGET, TABLE_KEYS, engine_text, quality_table
+from .quality import ALL_TASKS, FULL_BUDGET, TABLE_KEYS, engine_text, paired_gap_table, quality_table
 
 logger = logging.getLogger(__name__)
 
@@ -241,6 +241,32 @@ def plot_quality(evals: pd.DataFrame, path: Path, caption: str = "") -> Path | N
     return _save(plt, fig, path, caption)
 
 
+def plot_paired_gaps(evals: pd.DataFrame, path: Path, caption: str = "") -> Path | None:
+    """Score minus FullKV's on the same prompts vs budget per sparse arm, with its 95% CI, a panel per context:
+    the comparison the pooled means' overlapping intervals hide."""
+    table = paired_gap_table(evals)
+    if table.empty:
+        return None
+    plt = _pyplot()
+    groups = list(table.groupby(TABLE_KEYS, sort=True))
+    fig, axes = _grid_of(plt, len(groups))
+    for ax, ((suite, model, engine, context), group) in zip(axes, groups):
+        for arm, line in group.groupby("arm_label", sort=True):
+            line = line.sort_values("budget_sort")
+            ax.plot(line["budget_sort"], line["mean"], marker="o", label=arm)
+            ax.fill_between(line["budget_sort"], line["low"], line["high"], alpha=0.2)
+        ax.axhline(0.0, linestyle="--", linewidth=1, color="black", label="FullKV")
+        budgets = sorted(group["budget_sort"].unique())
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(int(b)) for b in budgets])
+        ax.set_xlabel("budget (tokens)")
+        ax.set_ylabel("score - FullKV (same prompts)")
+        ax.grid(True, alpha=0.3)
+        ax.set_title(_wrap(f"{suite}: {model} @ {md.fmt_tokens(context)}{engine_text(engine)}"), fontsize=8)
+        ax.legend(fontsize=8)
+    return _save(plt, fig, path, caption)
+
+
 def ttft_series(decode: pd.DataFrame) -> pd.DataFrame:
     """The data of `plot_ttft`: per (setup, arm, context) at batch 1, TTFT (the steady mean, or the single
     prefill at single-prefill contexts, `ttft_kind` says which) and a sparse arm's summary-build kernel ms."""
@@ -335,6 +361,7 @@ def write_plots(decode: pd.DataFrame, evals: pd.DataFrame, out_dir: Path, micro:
         plot_ttft(decode, out_dir / "ttft_vs_context.png", caption),
         plot_grid(decode, out_dir / "batched_speedup_grid.png", caption),
         plot_quality(evals, out_dir / "quality_vs_budget.png", caption),
+        plot_paired_gaps(evals, out_dir / "gap_to_fullkv_vs_budget.png", caption),
         plot_microscope(micro, out_dir / "microscope_vs_budget.png", caption),
     ]
     return [path for path in written if path is not None]

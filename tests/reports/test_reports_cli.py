@@ -77,8 +77,9 @@ def test_plots_are_png_files(tmp_path):
     result = runner.invoke(app, ["report", *files, "--plots", str(tmp_path / "plots")])
     assert result.exit_code == 0, result.output
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
-    assert names == ["batched_speedup_grid.png", "bytes_vs_context.png", "microscope_vs_budget.png",
-                     "quality_vs_budget.png", "speedup_vs_context.png", "tpot_vs_context.png", "ttft_vs_context.png"]
+    assert names == ["batched_speedup_grid.png", "bytes_vs_context.png", "gap_to_fullkv_vs_budget.png",
+                     "microscope_vs_budget.png", "quality_vs_budget.png", "speedup_vs_context.png",
+                     "tpot_vs_context.png", "ttft_vs_context.png"]  # fmt: skip
     for path in (tmp_path / "plots").iterdir():
         data = path.read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 1000
@@ -86,6 +87,9 @@ def test_plots_are_png_files(tmp_path):
 
 def test_plots_only_for_what_the_records_hold(tmp_path):
     assert plot_report(read_jsonl([fixture("kernel")]), tmp_path) == []
+    sparse_only = [r for r in read_jsonl([fixture("eval")]) if (r.get("cell") or {}).get("arm") != "fullkv"]
+    names = [p.name for p in plot_report(sparse_only, tmp_path / "sparse")]
+    assert names == ["quality_vs_budget.png"]  # no FullKV records: no gaps to draw
 
 
 def test_missing_matplotlib_is_a_clear_error(tmp_path, monkeypatch):
