@@ -169,22 +169,27 @@ def check_throttle_devices(
 
 
 def check_deployed(before: dict | None, after: dict | None, sparse_arm: bool) -> GuardResult:
-    """Sparse arms only: the backend counters must show sparse decode rows and no dense fallback.
+    """Sparse arms only: the backend counters must show Locks decode rows and no dense fallback.
 
+    A step the crossover ran dense (cheaper there, `crossover_dense_rows`) is the deployed path choosing, not a
+    fallback: it passes, and the detail says how many rows took it.
     before/after: `counters.snapshot()` dicts around the window (None when the backend has no counters).
     """
     if not sparse_arm:
         return GuardResult(NOT_APPLICABLE)
     if before is None or after is None:
         return GuardResult(UNAVAILABLE, "backend counters unavailable: the deployed path cannot be verified")
-    keys = ("sparse_decode_rows", "dense_fallback_rows", "stock_decode_rows")
+    keys = ("sparse_decode_rows", "crossover_dense_rows", "dense_fallback_rows", "stock_decode_rows")
     delta = {key: after.get(key, 0) - before.get(key, 0) for key in keys}
     if delta["dense_fallback_rows"] > 0:
         return GuardResult(FAIL, f"{delta['dense_fallback_rows']} dense fallback rows in a timed window", delta)
     if delta["stock_decode_rows"] > 0:
         return GuardResult(FAIL, f"{delta['stock_decode_rows']} decode rows ran stock attention in a timed window", delta)
-    if delta["sparse_decode_rows"] <= 0:
-        return GuardResult(FAIL, "no sparse decode rows in a timed window: the sparse path did not run", delta)
+    if delta["sparse_decode_rows"] + delta["crossover_dense_rows"] <= 0:
+        return GuardResult(FAIL, "no Locks decode rows in a timed window: neither the sparse path nor the crossover ran", delta)
+    if delta["crossover_dense_rows"] > 0:
+        return GuardResult(PASS, f"{delta['crossover_dense_rows']} decode rows chosen dense by the crossover "
+                                 f"(cheaper there), {delta['sparse_decode_rows']} sparse", delta)
     return GuardResult(PASS, detail=delta)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import nvrtc
 from ..triton_common import RowConstants
 
 log = logging.getLogger(__name__)
@@ -89,42 +90,7 @@ def compile_options(rc: RowConstants, rows_under_4gib: bool, rows_per_lane: int 
 
 def compile_cubin(options: list[str]) -> bytes:
     """NVRTC: score_t.cu -> cubin bytes (no device needed)."""
-    from cuda.bindings import nvrtc
-
-    err, prog = nvrtc.nvrtcCreateProgram(SOURCE.read_bytes(), SOURCE.name.encode(), 0, [], [])
-    _nvrtc_ok(err, "create program")
-    try:
-        opts = [o.encode() for o in options]
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            _, size = nvrtc.nvrtcGetProgramLogSize(prog)
-            text = b" " * size
-            nvrtc.nvrtcGetProgramLog(prog, text)
-            raise RuntimeError(f"NVRTC could not compile {SOURCE.name} ({err}):\n{text.decode(errors='replace')}")
-        err, size = nvrtc.nvrtcGetCUBINSize(prog)
-        _nvrtc_ok(err, "cubin size")
-        cubin = b" " * size
-        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
-        _nvrtc_ok(err, "get cubin")
-        return cubin
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
-
-
-def _nvrtc_ok(err, what: str) -> None:
-    from cuda.bindings import nvrtc
-
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise RuntimeError(f"NVRTC {what} failed: {err}")
-
-
-def _driver_ok(result, what: str):
-    err, *rest = result if isinstance(result, tuple) else (result,)
-    from cuda.bindings import driver
-
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"CUDA driver {what} failed: {err}")
-    return rest[0] if len(rest) == 1 else rest
+    return nvrtc.compile_cubin(SOURCE.read_bytes(), SOURCE.name, options)
 
 
 _CACHE: dict[tuple, CompiledScorer] = {}
@@ -138,17 +104,10 @@ def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool, rows_per
         if key not in _CACHE:
             from cuda.bindings import driver
 
-            torch.cuda.init()
-            with torch.cuda.device(device):
-                _driver_ok(driver.cuInit(0), "cuInit")
-                if not int(_driver_ok(driver.cuCtxGetCurrent(), "cuCtxGetCurrent")):  # torch's primary context
-                    dev = _driver_ok(driver.cuDeviceGet(device.index or 0), "cuDeviceGet")
-                    _driver_ok(driver.cuCtxSetCurrent(_driver_ok(driver.cuDevicePrimaryCtxRetain(dev), "retain")), "cuCtxSetCurrent")
-                cubin = compile_cubin(compile_options(rc, rows_under_4gib, rows_per_lane))
-                module = _driver_ok(driver.cuModuleLoadData(cubin), "cuModuleLoadData")
-                function = _driver_ok(driver.cuModuleGetFunction(module, KERNEL_NAME.encode()), "cuModuleGetFunction")
-                regs = _driver_ok(driver.cuFuncGetAttribute(
-                    driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, function), "cuFuncGetAttribute")
+            function = nvrtc.load_function(device, compile_cubin(compile_options(rc, rows_under_4gib, rows_per_lane)),
+                                           KERNEL_NAME)
+            regs = nvrtc.driver_ok(driver.cuFuncGetAttribute(
+                driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, function), "cuFuncGetAttribute")
             _CACHE[key] = CompiledScorer(function, int(regs))
             log.info("CUDA score kernel compiled for device %s (%s): %d registers", device, ARCH, regs)
         return _CACHE[key]
@@ -162,8 +121,6 @@ def load_for(summary_rows: torch.Tensor, rc: RowConstants, group: int) -> Compil
 def launch(q, summary_rows, block_table, seq_lens, ws, rc: RowConstants, scale: float, num_kv_heads: int,
            chunks: int, max_chunks: int) -> None:
     """One launch, grid (S * Hkv, chunks), WARPS warps per program (arguments checked by ops.score_select)."""
-    from cuda.bindings import driver
-
     num_seqs, num_q_heads, _ = q.shape
     group = num_q_heads // num_kv_heads
     kernel = load_for(summary_rows, rc, group)
@@ -175,7 +132,4 @@ def launch(q, summary_rows, block_table, seq_lens, ws, rc: RowConstants, scale: 
         ctypes.c_int(num_kv_heads), ctypes.c_int(ws.max_pages), ctypes.c_int(chunks), ctypes.c_int(max_chunks),
         ctypes.c_int(group), ctypes.c_int(ws.group_slots), ctypes.c_float(scale * 1.4426950408889634),
     ]
-    pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    stream = driver.CUstream(torch.cuda.current_stream(q.device).cuda_stream)
-    _driver_ok(driver.cuLaunchKernel(kernel.function, num_seqs * num_kv_heads, chunks, 1, 32 * WARPS, 1, 1, 0,
-                                     stream, ctypes.addressof(pointers), 0), "cuLaunchKernel")
+    nvrtc.launch(kernel.function, (num_seqs * num_kv_heads, chunks, 1), 32 * WARPS, q.device, values, "score")

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..build.packing import SummaryLayout
-from ..config import PAGE_SIZE
+from ..config import PAGE_SIZE, ConfigError
 from . import counters, debug, memory
 from .kernel_ops import DecodeShape, key_score_select, ops_for_device, timed_host_ms
 from .settings import BackendSettings, per_request_enabled, settings_from_vllm_config
@@ -45,11 +45,14 @@ class LocksStep:
     # Per-request selection (request_settings.py): the decode rows grouped by selection; None = every row
     # runs the engine's settings.
     groups: list[Any] | None = None
+    crossover_dense: bool = False  # the step's decode rows run exact dense attention: cheaper there (crossover.py)
 
     @property
     def needs_exact_pass(self) -> bool:
-        """Stock attention over the whole batch first: prefill rows, or decode rows that asked for it."""
-        return self.num_decodes < self.num_reqs or any(g.selection.dense for g in self.groups or ())
+        """Stock attention over the whole batch first: prefill rows, decode rows that asked for it, or a step
+        that the crossover runs dense."""
+        return (self.num_decodes < self.num_reqs or self.crossover_dense
+                or any(g.selection.dense for g in self.groups or ()))
 
 
 def log_active_banner(settings: BackendSettings, backend: str, ops_name: str) -> None:
@@ -98,6 +101,11 @@ class RowPlan:
     completed_before: int  # live decode rows whose previous token completed a page (seq_len 16 m + 1, m >= 1)
     query_lens: np.ndarray  # int64 [num_reqs]
     seq_lens: np.ndarray  # int64 [num_reqs] (the host upper bound: exact except under async speculative decoding)
+
+    @property
+    def live_decode_lens(self) -> np.ndarray:
+        """seq_lens of the decode rows that hold a token (padding rows left out)."""
+        return self.seq_lens[: self.num_decodes][self.query_lens[: self.num_decodes] > 0]
 
     @classmethod
     def of(cls, query_start_loc_cpu: torch.Tensor, seq_lens_cpu: torch.Tensor, num_reqs: int, page_budget: int) -> RowPlan:
@@ -152,6 +160,13 @@ class LocksBuilderMixin:
         self._selected = torch.full((shape.max_seqs, shape.num_kv_heads, shape.page_budget), -1, dtype=torch.int32, device=device)
         self._workspace = self._locks_ops.workspace(shape, self._locks_layout, device)
         self._per_request = per_request_enabled(vllm_config)
+        self._crossover = self.locks_settings.crossover
+        if self._crossover.enabled and torch.device(device).type == "cuda":
+            # a decode graph must hold both paths and pick one on the device (kernels/graph_branch.py); that is
+            # not wired into the CUDA backend yet
+            raise ConfigError("crossover runs on the CPU engine only for now (the CUDA decode graphs do not branch "
+                              "yet); remove 'crossover' from additional_config['locks']")
+        self._kv_element_bytes = torch.empty((), dtype=kv_cache_spec.dtype).element_size()
         log_active_banner(self.locks_settings, backend_label + (", per-request selection" if self._per_request else ""),
                           self._locks_ops.name)  # fmt: skip
 
@@ -168,13 +183,18 @@ class LocksBuilderMixin:
                          stock_layer_calls=stock_layers, sliding_window_calls=stock_layers if self._sliding_group else 0)
             return LocksStep(num_decodes, num_reqs, None, self._selected[:0], None, True)
         groups = self._request_groups(cam, rows) if self._per_request else None
-        if groups is None:
+        shape = self._locks_shape
+        crossover_dense = groups is None and self._crossover.runs_dense(rows.live_decode_lens, shape.num_kv_heads,
+                                                                        shape.head_dim, self._kv_element_bytes)
+        if crossover_dense:
+            sparse, fallback, full_kv = 0, 0, 0
+        elif groups is None:
             sparse, fallback, full_kv = live - rows.dense, rows.dense, 0
         else:
             sparse, fallback, full_kv = _group_counts(groups, rows.seq_lens)
         counters.add(prefill_rows=prefill_rows, stock_decode_rows=stock_layers * live, stock_layer_calls=stock_layers,
                      sparse_decode_rows=layers * sparse, dense_fallback_rows=layers * fallback,
-                     full_kv_rows=layers * full_kv)
+                     full_kv_rows=layers * full_kv, crossover_dense_rows=layers * live if crossover_dense else 0)
         # A decode row whose previous token completed a page (seq_len = 16 m + 1, m >= 1) scores that
         # page from this step on: build it now. The host bound only decides whether to launch; the
         # block ids come from the device seq_lens (exact).
@@ -194,6 +214,7 @@ class LocksBuilderMixin:
             workspace=self._workspace,
             stock_only=False,
             groups=groups,
+            crossover_dense=crossover_dense,
         )
 
     def _request_groups(self, cam, rows: RowPlan) -> list[Any] | None:
@@ -316,7 +337,7 @@ class LocksImplMixin:
                 self._build(k_cache, step.prefill_summary_blocks, summary_rows, timed=True)
         if step.groups is not None:
             self._decode_groups(query, k_cache, v_cache, summary_rows, attn_metadata, step, output)
-        elif step.num_decodes:
+        elif step.num_decodes and not step.crossover_dense:
             self._decode(layer, query, k_cache, v_cache, summary_rows, attn_metadata, step, output)
         return output
 

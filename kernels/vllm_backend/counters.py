@@ -20,6 +20,7 @@ import torch
 class _Counts:
     sparse_decode_rows: int = 0  # Locks decode rows with more pages than the page budget
     dense_fallback_rows: int = 0  # Locks decode rows whose pages all fit the budget (exact dense)
+    crossover_dense_rows: int = 0  # Locks decode rows of steps that ran dense because it was cheaper (crossover.py)
     full_kv_rows: int = 0  # Locks decode rows whose request asked for exact attention (per-request selection)
     stock_decode_rows: int = 0  # decode rows that ran stock attention (sliding window, unsupported layer)
     prefill_rows: int = 0  # prefill/extend rows (always stock attention)

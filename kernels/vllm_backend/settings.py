@@ -22,6 +22,8 @@ from ..config import (
     check_combine_rule,
 )
 
+from .crossover import CrossoverRule
+
 logger = logging.getLogger(__name__)
 
 ADDITIONAL_CONFIG_KEY = "locks"
@@ -32,7 +34,7 @@ KEY_READING_SCORERS: frozenset[str] = frozenset({"oracle", "quest", "centroid"})
 # The logits processor that switches an engine to per-request selection (request_settings.py), by the
 # "module:Class" name vLLM's `logits_processors` accepts.
 REQUEST_SETTINGS_PROCESSOR = "locks_toolkit.kernels.vllm_backend.request_settings:RequestSettings"
-_KEYS = ("format", "budget", "combine", "scorer", "select", "pdl", "scorer_kernel", "debug_capture_layers")
+_KEYS = ("format", "budget", "combine", "scorer", "select", "pdl", "scorer_kernel", "crossover", "debug_capture_layers")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,9 @@ class BackendSettings:
     scorer_kernel: the score kernel's code path (config.SCORER_KERNELS): "cuda" (production: the CUDA kernel
     where it serves the call, r8i4 / d=128 / bf16 / G <= 16 on sm_90, else "transposed"), "transposed" (the
     Triton kernel with query heads as the dots' M), or "pages" (the Triton kernel that serves every format).
+    crossover: when a decode step runs exact dense attention because it is cheaper there (`crossover.py`);
+    off by default. It applies to engine-wide selection, not to per-request selection (each request's own
+    settings decide there).
     debug_capture_layers: layer indices whose per-step decode inputs/outputs are kept for checks
     (eager only; see `debug.py`). Empty in production.
     """
@@ -56,6 +61,7 @@ class BackendSettings:
     select: str = SELECT_CHOICES[0]
     pdl: bool = False
     scorer_kernel: str = SCORER_KERNELS[0]
+    crossover: CrossoverRule = field(default_factory=CrossoverRule)
     debug_capture_layers: tuple[int, ...] = ()
 
     @property
@@ -68,7 +74,7 @@ class BackendSettings:
         return (
             f"scorer={self.locks.scorer} format={self.locks.summary} budget={sel.budget_tokens} "
             f"(k={sel.page_budget} pages of {sel.page_size}) combine={sel.combine} select={self.select} pdl={self.pdl} "
-            f"scorer_kernel={self.scorer_kernel} "
+            f"scorer_kernel={self.scorer_kernel} crossover={self.crossover.describe()} "
             f"debug_capture_layers={list(self.debug_capture_layers)}"
         )
 
@@ -101,6 +107,7 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
     scorer_kernel = raw.get("scorer_kernel", SCORER_KERNELS[0])
     if scorer_kernel not in SCORER_KERNELS:
         raise ConfigError(f"scorer_kernel {scorer_kernel!r} unknown; use one of {', '.join(SCORER_KERNELS)} (the score kernel's code path)")
+    crossover = CrossoverRule.parse(raw.get("crossover"))
     layers = raw.get("debug_capture_layers", ())
     if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and i >= 0 for i in layers):
         raise ConfigError(f"debug_capture_layers must be a list of layer indices, got {layers!r}")
@@ -109,7 +116,7 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
         selection=SelectionConfig(budget_tokens=budget, combine=combine),
         scorer=scorer,
     )
-    return BackendSettings(locks=locks, select=select, pdl=pdl, scorer_kernel=scorer_kernel,
+    return BackendSettings(locks=locks, select=select, pdl=pdl, scorer_kernel=scorer_kernel, crossover=crossover,
                            debug_capture_layers=tuple(layers))
 
 

@@ -97,6 +97,13 @@ def test_deployed_path_from_counter_deltas():
     assert g.check_deployed(before, idle, sparse_arm=True).rejects
     assert g.check_deployed(None, sparse, sparse_arm=True).status == g.UNAVAILABLE
     assert g.check_deployed(None, None, sparse_arm=False).status == g.NOT_APPLICABLE
+    # rows the crossover ran dense are the deployed path choosing, not a fallback; a window of only those passes
+    chosen = dict(sparse, crossover_dense_rows=24 * 40)
+    result = g.check_deployed(before, chosen, sparse_arm=True)
+    assert result.status == g.PASS and "960 decode rows chosen dense by the crossover" in result.reason
+    only_chosen = dict(before, crossover_dense_rows=64 * 40)
+    assert g.check_deployed(before, only_chosen, sparse_arm=True).status == g.PASS
+    assert g.check_deployed(before, dict(only_chosen, dense_fallback_rows=1), sparse_arm=True).rejects
 
 
 def test_window_and_cell_verdicts():

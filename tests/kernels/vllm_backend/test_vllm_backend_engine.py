@@ -48,11 +48,16 @@ def _write_checkpoint(model_dir: Path) -> None:
 
 # One per-request engine (engine budget 4096) serves these settings side by side, each over every prompt.
 PER_REQUEST = ({"scorer": "dense"}, {"scorer": "locks", "budget": 32}, None)
+# The crossover engine (budget 32) runs a step dense while its rows hold at most CROSSOVER_PAGES pages in all:
+# the prompts' 31 pages grow to 35 over the decode, so the first steps run dense and the later ones sparse.
+CROSSOVER_PAGES = 32
+KV_PAGE_BYTES = TINY_LLAMA["num_key_value_heads"] * 2 * 16 * TINY_LLAMA["head_dim"] * 4  # K+V, every KV head, fp32
+CROSSOVER = {"budget": 32, "crossover": CROSSOVER_PAGES * KV_PAGE_BYTES / 2**20}
 
 
-def _run_engine(model_dir: str, budgets: list[int | str | None]) -> dict:
+def _run_engine(model_dir: str, budgets: list[int | str | dict | None]) -> dict:
     """In this (sub)process: one engine per budget (None = stock CPU_ATTN, "per-request" = one Locks engine
-    serving PER_REQUEST's settings with prefix caching); greedy tokens + counters."""
+    serving PER_REQUEST's settings with prefix caching, a dict = those Locks settings); greedy tokens + counters."""
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", TORCHDYNAMO_DISABLE="1")
     import torch
     from locks_toolkit.kernels.vllm_backend import counters, plugin
@@ -68,7 +73,8 @@ def _run_engine(model_dir: str, budgets: list[int | str | None]) -> dict:
     results = []
     for budget in budgets:
         per_request = budget == "per-request"
-        extra = {} if budget is None else {"additional_config": {"locks": {"budget": 4096 if per_request else budget}}}
+        locks = budget if isinstance(budget, dict) else {"budget": 4096 if per_request else budget}
+        extra = {} if budget is None else {"additional_config": {"locks": locks}}
         if per_request:
             extra["logits_processors"] = [REQUEST_SETTINGS_PROCESSOR]
         if budget is None:
@@ -120,14 +126,14 @@ def _engine_subprocess(tmp_path: Path, budgets: list[int | None]) -> tuple[dict,
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engine")
-    result, log = _engine_subprocess(tmp, [None, 4096, 32, "per-request"])
-    stock, dense, sparse, per_request = result["runs"]
+    result, log = _engine_subprocess(tmp, [None, 4096, 32, "per-request", CROSSOVER])
+    stock, dense, sparse, per_request, crossover = result["runs"]
     assert stock["counters"]["prefill_rows"] == 0  # the stock engine really ran without Locks
-    return stock, dense, sparse, log, per_request
+    return stock, dense, sparse, log, per_request, crossover
 
 
 def test_locks_banner_and_counters_show_the_locks_decode_path(engine_runs):
-    _, dense_run, sparse_run, log, _ = engine_runs
+    _, dense_run, sparse_run, log, _, _ = engine_runs
     assert "Locks attention backend ACTIVE (cpu/CPU_ATTN" in log and "budget=4096" in log
     layers, decode_rows = TINY_LLAMA["num_hidden_layers"], len(PROMPT_LENS) * (MAX_TOKENS - 1)
     dense_counts, sparse_counts = dense_run["counters"], sparse_run["counters"]
@@ -143,14 +149,14 @@ def test_locks_banner_and_counters_show_the_locks_decode_path(engine_runs):
 
 
 def test_locks_with_budget_covering_the_context_matches_stock_cpu_attention(engine_runs):
-    stock_run, dense_run, sparse_run, _, _ = engine_runs
+    stock_run, dense_run, sparse_run, _, _, _ = engine_runs
     assert dense_run["tokens"] == stock_run["tokens"]
     # The comparison can fail: a 2-page budget changes some greedy tokens of the long prompts.
     assert sparse_run["tokens"] != stock_run["tokens"]
 
 
 def test_one_per_request_engine_gives_each_setting_the_tokens_of_its_own_engine(engine_runs):
-    stock_run, dense_run, sparse_run, log, per_request = engine_runs
+    stock_run, dense_run, sparse_run, log, per_request, _ = engine_runs
     exact, locks_32, engine_default = per_request["tokens"]
     assert exact == stock_run["tokens"]  # {"scorer": "dense"}: exact attention, as stock CPU_ATTN
     assert locks_32 == sparse_run["tokens"]  # {"scorer": "locks", "budget": 32}: as an engine with budget 32
@@ -160,6 +166,23 @@ def test_one_per_request_engine_gives_each_setting_the_tokens_of_its_own_engine(
     assert counts["full_kv_rows"] == layers * decode_rows
     assert counts["sparse_decode_rows"] == sparse_run["counters"]["sparse_decode_rows"]
     assert "per-request selection" in log
+
+
+def test_the_crossover_runs_the_short_steps_dense_and_counts_them_apart_from_fallbacks(engine_runs):
+    stock_run, _, _, log, _, crossover = engine_runs
+    layers, rows = TINY_LLAMA["num_hidden_layers"], len(PROMPT_LENS)
+    # decode step t (1..MAX_TOKENS-1) attends over prompt + t tokens in every row
+    step_pages = [sum(-(-(n + t) // 16) for n in PROMPT_LENS) for t in range(1, MAX_TOKENS)]
+    dense_steps = sum(pages <= CROSSOVER_PAGES for pages in step_pages)
+    assert 0 < dense_steps < MAX_TOKENS - 1  # the rule must pick both ways here, or the test says nothing
+    counts = crossover["counters"]
+    assert counts["crossover_dense_rows"] == layers * rows * dense_steps
+    assert counts["sparse_decode_rows"] == layers * rows * (MAX_TOKENS - 1 - dense_steps)
+    assert counts["dense_fallback_rows"] == 0 and counts["stock_decode_rows"] == 0
+    # tokens made by the dense steps are stock attention's; the sparse steps after them take the budget's
+    first_sparse = 1 + dense_steps  # the prefill's token, then one token a dense step
+    assert [t[:first_sparse] for t in crossover["tokens"]] == [t[:first_sparse] for t in stock_run["tokens"]]
+    assert f"crossover={CROSSOVER['crossover']:g}MiB" in log
 
 
 def test_a_bad_per_request_setting_is_refused_with_the_allowed_scorers(engine_runs):
