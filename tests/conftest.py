@@ -38,14 +38,18 @@ def check_golden(name: str, text: str) -> None:
     assert text == path.read_text(encoding="utf-8"), f"{name} differs from its golden file (UPDATE_GOLDEN=1 to accept)"
 
 
-# Tests that start a vLLM engine or load the model package run on one worker, one after another, under
-# `pytest -n N --dist loadgroup` (`make test`): two CPU engines at once would share the 2 cores and the
-# converted-model cache (~/.cache/locks-toolkit), while the kernel tests spread over every worker.
-ENGINE_MARKS = ("vllm", "model")
+# Tests that start a vLLM engine run one after another on one worker under `pytest -n N --dist loadgroup`
+# (`make test`), and the tests of the real model (they share its converted copy under ~/.cache/locks-toolkit and
+# load it in an engine) one after another on another: two engines at once share the cores, and an engine test
+# is mostly one busy thread (boot, scheduling) between short multi-threaded steps, so the two groups overlap
+# well, while the kernel tests spread over every worker.
+ENGINE_GROUPS = (("model", "model"), ("vllm", "engine"))  # (mark, xdist group), the first mark that matches
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the group marks into node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if any(item.get_closest_marker(name) for name in ENGINE_MARKS):
-            item.add_marker(pytest.mark.xdist_group("engine"))
+        for mark, group in ENGINE_GROUPS:
+            if item.get_closest_marker(mark):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break

@@ -31,6 +31,18 @@ from locks_toolkit.kernels.testing import fresh_seed
 from locks_toolkit.kernels.triton_common import RowConstants
 
 DEVICES = available_devices() or [pytest.param("none", marks=pytest.mark.skip(reason="needs TRITON_INTERPRET=1 or a GPU"))]
+# Under the interpreter a check's second call on the same workspace (check_score_select's `second_call`) doubles
+# its minutes: it runs for the cases under this many tokens, and on the GPU for every case (the GPU battery);
+# test_both_select_paths_leave_the_workspace_for_each_other checks the reuse on both paths everywhere.
+SECOND_CALL_MAX_TOKENS = 1000
+# SELECT_CASES[4]'s geometry (G = 8, d = 128, 3 KV heads: the production layout) at a third of its pages, for the
+# tests that vary the kernels rather than the case (the full case runs in both selection tests).
+G8_D128_CASE = SelectCase((16 * 25 + 1, 16 * 12), group=8, head_dim=128, page_budget=9, num_kv_heads=3)
+
+
+def _check(device, case: SelectCase, **kwargs):
+    second = device != "cpu" or sum(case.seq_lens) < SECOND_CALL_MAX_TOKENS
+    return check_score_select(device, case, fresh_seed(), second_call=second, **kwargs)
 # Under the interpreter a NaN made anywhere in the kernels (e.g. -inf - -inf for a padded head slot) warns;
 # the kernels must not make one, since a NaN key cast to int indexes the histogram out of bounds.
 pytestmark = pytest.mark.filterwarnings("error:invalid value encountered:RuntimeWarning")
@@ -41,15 +53,7 @@ pytestmark = pytest.mark.filterwarnings("error:invalid value encountered:Runtime
                          + (f"-wsG{c.workspace_group}" if c.workspace_group else "") + ("-ties" if c.identical_pages else "")
                          + (f"-flat{c.page_noise}" if c.page_noise else ""))
 def test_score_select_matches_reference(device, case):
-    result = check_score_select(device, case, fresh_seed())
-    print(result)
-    assert result.ok, str(result)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_score_select_many_pages_bf16_query(device):
-    """Enough pages that the threshold histogram bin is crowded; bf16 queries."""
-    result = check_score_select(device, MANY_PAGES_CASE, fresh_seed(), q_dtype=torch.bfloat16)
+    result = _check(device, case)
     print(result)
     assert result.ok, str(result)
 
@@ -103,7 +107,7 @@ def test_word_codes_decode_every_nibble_in_dim_order(device):
 
 
 WORD_CASES = [
-    SelectCase((16 * 70 + 1, 16 * 12), group=8, head_dim=128, page_budget=9, num_kv_heads=3),
+    G8_D128_CASE,
     SelectCase((16 * 41 + 11,), group=1, head_dim=128, page_budget=5),
     SelectCase((16 * 33 + 7, 16 * 8 + 3), group=7, head_dim=128, page_budget=7, combine="group_max"),
     SelectCase((16 * 19 + 2, 16 * 6 + 3), group=4, head_dim=256, fmt="r2i4", combine="group_mass", num_kv_heads=1),
@@ -118,17 +122,17 @@ def test_word_decode_path_matches_reference_on_bf16_queries(device, case):
     above run fp32 queries; bf16 queries take the two-codes-per-operation decode on the GPU, the interpreter
     runs fp32 dots)."""
     assert word_decode_fits(4, case.head_dim, 0, 0)
-    result = check_score_select(device, case, fresh_seed(), q_dtype=torch.bfloat16)
+    result = _check(device, case, q_dtype=torch.bfloat16)
     assert result.ok, str(result)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tuning", SCORER_VARIANTS, ids=lambda t: f"w{t.warps}-p{t.tile}" + ("-mma" if t.coef_mma else "-fma"))
-@pytest.mark.parametrize("case", [SELECT_CASES[0], SELECT_CASES[1], SELECT_CASES[4]], ids=lambda c: f"G{c.group}-{c.fmt}-n{sum(c.seq_lens)}")
+@pytest.mark.parametrize("case", [SELECT_CASES[0], SELECT_CASES[1], G8_D128_CASE], ids=lambda c: f"G{c.group}-{c.fmt}-n{sum(c.seq_lens)}")
 def test_scorer_variants_select_what_the_reference_selects(device, tuning, case):
     """The pages scorer's FMA coefficient contraction (where the tensor-core one does not apply) on int4 / int8
     formats; the default (tensor-core contraction, one warp, 4-page tiles) runs in every other test."""
-    result = check_score_select(device, case, fresh_seed(), tuning=tuning)
+    result = _check(device, case, tuning=tuning)
     assert result.ok, str(result)
 
 
@@ -139,7 +143,8 @@ def test_word_decode_fits_only_whole_words_and_dot_sized_k():
     assert not word_decode_fits(4, 128, 834, 160) and not word_decode_fits(4, 128, 832, 162)  # not whole words
 
 
-ROW_CASES = SELECT_CASES + [MANY_PAGES_CASE]
+# The crowded-bin case (MANY_PAGES_CASE) runs the one-launch path in the fewer-selection-chunks test below.
+ROW_CASES = SELECT_CASES
 
 
 def _case_id(c: SelectCase) -> str:
@@ -153,9 +158,9 @@ def _case_id(c: SelectCase) -> str:
                          + f"-n{sum(c.seq_lens)}")
 def test_one_launch_select_matches_reference(device, case):
     """Selection in one launch (the pair's last program selects) against the reference, on every select
-    case: ties to the lower ids, near-flat pages, dense fallback, a crowded threshold bin. (Four
+    case: ties to the lower ids, near-flat pages, dense fallback; a crowded threshold bin below. (Four
     launches: the kernel-level default, above.)"""
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one"))
+    result = _check(device, case, tuning=ScoreTuning(select_path="one"))
     assert result.ok, str(result)
 
 
@@ -176,20 +181,23 @@ def test_one_launch_tail_in_small_steps_matches_reference(device, case, block, c
 
     monkeypatch.setattr(topk_one, "LOOP_BLOCK", block)
     monkeypatch.setattr(topk_one, "COMPACT", compact)
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path="one"))
+    result = _check(device, case, tuning=ScoreTuning(select_path="one"))
     assert result.ok, str(result)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case, coarse_pick, path", [
     (MANY_PAGES_CASE, True, "one"), (MANY_PAGES_CASE, False, "four"),  # each pick on each path, once
-    (SELECT_CASES[4], False, "one"), (SELECT_CASES[4], True, "four"),
+    (G8_D128_CASE, False, "one"), (G8_D128_CASE, True, "four"),
 ], ids=lambda v: f"G{v.group}-n{sum(v.seq_lens)}" if isinstance(v, SelectCase) else str(v))
 def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case, coarse_pick, path):
     """The score grid's chunk normalizers are merged in full when the selection runs over fewer chunks
     (the production default at bs1 on the H200: 128 score chunks, 64 selection chunks); both threshold
-    picks (coarse + fine counts, or every count) select the same pages."""
-    result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_chunks=3, coarse_pick=coarse_pick, select_path=path))
+    picks (coarse + fine counts, or every count) select the same pages. MANY_PAGES_CASE crowds the threshold
+    bin, on bf16 queries (the engine's)."""
+    q_dtype = torch.bfloat16 if case is MANY_PAGES_CASE else torch.float32
+    result = _check(device, case, q_dtype=q_dtype,
+                    tuning=ScoreTuning(select_chunks=3, coarse_pick=coarse_pick, select_path=path))
     assert result.ok, str(result)
 
 
@@ -266,11 +274,14 @@ def test_select_battery_checks_every_requested_path_on_bf16_queries(device):
     against the reference; a path it was not asked for does not run."""
     from locks_toolkit.kernels.checks import select_battery
 
-    results = select_battery(device, fresh_seed(), ("four", "one"), cases=[SELECT_CASES[5], SELECT_CASES[6]])
+    repeat = device != "cpu"
+    results = select_battery(device, fresh_seed(), ("four", "one"), cases=[SELECT_CASES[5], SELECT_CASES[6]],
+                             second_call=repeat)
     assert len(results) == 4
     assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
     assert sum("select_path='one'" in r.name for r in results) == 2
-    transposed = select_battery(device, fresh_seed(), ("four",), cases=[SELECT_CASES[4]], scorer="transposed")
+    transposed = select_battery(device, fresh_seed(), ("four",), cases=[G8_D128_CASE], scorer="transposed",
+                                second_call=repeat)
     assert len(transposed) == 1 and transposed[0].ok and "transposed=True" in transposed[0].name, [str(r) for r in transposed]
 
 
@@ -291,13 +302,13 @@ G2_D256_CASE = SelectCase((16 * 27 + 12,), group=2, head_dim=256, page_budget=6,
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tuning", TRANSPOSED_VARIANTS, ids=lambda t: f"tile{t.tile}")
-@pytest.mark.parametrize("case", [SELECT_CASES[4], G4_CASE, G16_CASE, G2_D256_CASE, SELECT_CASES[3], SELECT_CASES[1]],
+@pytest.mark.parametrize("case", [G8_D128_CASE, G4_CASE, G16_CASE, G2_D256_CASE, SELECT_CASES[3], SELECT_CASES[1]],
                          ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-n{sum(c.seq_lens)}")
 def test_transposed_scorer_selects_what_the_reference_selects(device, tuning, case):
     """Query heads as the dots' M select what the fp64 reference selects: G = 8 (the spare mma rows carry the
     next term and fold back), G = 4 (zero rows), G = 16 (no spare rows); r2i4 at 2-page tiles (K = P * r < 16)
     and int8 bases fall back to the pages kernel."""
-    result = check_score_select(device, case, fresh_seed(), q_dtype=torch.bfloat16, tuning=tuning)
+    result = _check(device, case, q_dtype=torch.bfloat16, tuning=tuning)
     assert result.ok, str(result)
 
 
@@ -362,6 +373,6 @@ def test_selection_does_not_depend_on_the_order_programs_run_in(device, path):
     from locks_toolkit.kernels.checks import reversed_program_order
 
     with reversed_program_order():
-        for case in (SELECT_CASES[0], SELECT_CASES[4], SELECT_CASES[6]):
-            result = check_score_select(device, case, fresh_seed(), tuning=ScoreTuning(select_path=path))
+        for case in (SELECT_CASES[0], G8_D128_CASE, SELECT_CASES[6]):
+            result = _check(device, case, tuning=ScoreTuning(select_path=path))
             assert result.ok, str(result)
