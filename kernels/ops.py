@@ -368,6 +368,16 @@ def sparse_paged_decode(
     check(ws.partial_out.shape[0] >= num_seqs and ws.partial_out.shape[1] == num_q_heads and ws.partial_out.shape[3] == head_dim,
           f"decode workspace {tuple(ws.partial_out.shape)} does not fit S={num_seqs}, Hq={num_q_heads}, d={head_dim}; "
           "rebuild it with decode_workspace(max_num_seqs, Hq, d, device)")
+    splits = _launch_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, ws, pdl, tuning)
+    _launch_merge(ws, out, num_q_heads, splits, pdl, tuning)
+
+
+def _launch_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, ws, pdl=False,
+                   tuning: _decode.DecodeTuning = _decode.DEFAULT_DECODE) -> int:
+    """Kernel 1 of sparse_paged_decode (arguments already checked): each split's partial output and lse over its
+    slice of the selected pages; returns the split count. The kernel bench times it alone."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[2]
     page_budget = selected_pages.shape[2]
     group = num_q_heads // num_kv_heads
     splits = decode_splits(num_seqs, num_kv_heads, page_budget, ws, device_index(q), tuning)
@@ -380,6 +390,13 @@ def sparse_paged_decode(
         PPI=tuning.pages_per_iter, FP32=dot_in_fp32(k_cache), PDL=pdl, launch_pdl=pdl,
         num_warps=tuning.warps, num_stages=tuning.stages,
     )
+    return splits
+
+
+def _launch_merge(ws, out, num_q_heads: int, splits: int, pdl=False,
+                  tuning: _decode.DecodeTuning = _decode.DEFAULT_DECODE) -> None:
+    """Kernel 2 of sparse_paged_decode: the splits' log-sum-exp merge into out. The kernel bench times it alone."""
+    num_seqs, _, head_dim = out.shape
     _decode._merge_kernel[(num_seqs * num_q_heads,)](
         ws.partial_out, ws.partial_lse, out, out.stride(0), out.stride(1), num_q_heads, splits, ws.max_splits,
         D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=next_pow2(splits), EAGER=tuning.merge_eager, PDL=pdl, launch_pdl=pdl,

@@ -19,7 +19,8 @@ ROW_KEYS = ["geometry", "context_tokens", "batch_size", "budget_tokens"]
 KEYS = ROW_KEYS + ["stage"]
 WHOLE_CELL = "*"  # the stage of a failed multi-stage record
 # Pipeline order, then the dense baselines; stages not listed follow alphabetically.
-STAGE_ORDER = ("build", "summarize", "score", "select", "select_flat", "score_select", "decode", "attend", "sparse_attend",
+STAGE_ORDER = ("build", "summarize", "score", "select", "select_flat", "score_select", "decode_pages", "merge", "decode",
+               "attend", "sparse_attend",
                "locks_step", "triton_dense", "fa3", "flashinfer", "sdpa", "dense_attend", "total")
 
 

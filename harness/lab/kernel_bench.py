@@ -1,8 +1,9 @@
 """`locks bench kernel`: per-layer timing of the Locks kernels and the dense baselines on one GPU.
 
 For each (context, batch) cell of a geometry: build (all prompt pages of one layer, all KV heads;
-also extrapolated to every layer), score, select, sparse decode, the whole Locks step (score +
-select + decode), and the dense baselines that are importable (vLLM FA3 through
+also extrapolated to every layer), score, select, sparse decode (its split-K kernel `decode_pages` and the
+`merge` of the splits, each alone, and the two as `decode`), the whole Locks step (score + select + decode),
+and the dense baselines that are importable (vLLM FA3 through
 `flash_attn_varlen_func`, FlashInfer's paged decode wrapper; torch SDPA over pre-gathered KV when
 neither is; our own kernel attending every page, always). Steps are captured in CUDA graphs and
 timed with CUDA events over a rotation of layer copies large enough to defeat the 60 MB L2 (a real
@@ -145,11 +146,12 @@ def stage_bytes(geom: KernelGeometry, layout: SummaryLayout, seq_len: int, batch
     score = pairs * full * (layout.row_bytes + 4 * geom.group) + q_bytes
     select = pairs * contested * (4 * geom.group + 4 * 5)  # scores read; keys written + read 4 times
     attended = min(pages, page_budget)
-    partials = 2 * batch * geom.num_q_heads * splits * (geom.head_dim + 1) * 4
-    decode = pairs * attended * page_kv + partials + 2 * q_bytes
+    partials = batch * geom.num_q_heads * splits * (geom.head_dim + 1) * 4  # written by the split kernel, read by the merge
+    decode_pages = pairs * attended * page_kv + partials + q_bytes
+    merge = partials + q_bytes  # the output, in q's dtype
     dense = pairs * seq_len * page_kv // PAGE_SIZE + 2 * q_bytes
-    return {"build": build, "score": score, "select": select, "decode": decode,
-            "locks_step": score + select + decode, "dense": dense}
+    return {"build": build, "score": score, "select": select, "decode_pages": decode_pages, "merge": merge,
+            "decode": decode_pages + merge, "locks_step": score + select + decode_pages + merge, "dense": dense}
 
 
 class _ContextState:
@@ -315,6 +317,16 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
         for k, v in zip(state.k, state.v):
             ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, dws, pdl=tuning.pdl)
 
+    splits_run = [0]
+
+    def decode_pages():  # the split-K kernel alone (decode = it + merge)
+        for k, v in zip(state.k, state.v):
+            splits_run[0] = ops._launch_decode(q, k, v, bt, seq_lens, selected, scale, dws, tuning.pdl)
+
+    def merge():
+        for _ in state.k:
+            ops._launch_merge(dws, out, geom.num_q_heads, splits_run[0], tuning.pdl)
+
     def step():
         for rows, k, v in zip(state.rows, state.k, state.v):
             ops.score_select(q, rows, bt, seq_lens, selected, layout, k_pages, scale, cfg.combine, workspace=sws,
@@ -331,8 +343,9 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
     n = state.copies
     timings = {"build": time_eager(lambda: ops.build_summaries(state.k[0], ids, state.rows[0], layout), reps=3)}
     score()  # fills the scores the select stage reads
-    for name, fn in (("score", score), ("select", select), ("decode", decode), ("locks_step", step),
-                     ("triton_dense", triton_dense)):
+    decode_pages()  # fills the partials (and the split count) the merge stage reads
+    for name, fn in (("score", score), ("select", select), ("decode_pages", decode_pages), ("merge", merge),
+                     ("decode", decode), ("locks_step", step), ("triton_dense", triton_dense)):
         timings[name] = time_graph(fn, cfg.replays, n)
     # Selection's worst case: zero queries make every page key tie (flat attention, as dummy weights give).
     ops._launch_score(torch.zeros_like(q), state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, sws, tuning)
@@ -422,7 +435,7 @@ def run_kernel_bench(cfg: KernelBenchConfig, command: str, sink=None) -> list[di
 
 def markdown_table(records: list[dict]) -> str:
     """Records -> a markdown table of µs per layer (and % of the byte floor)."""
-    head = ("| context | bs | build µs/layer (all layers ms) | score µs (%floor) | select µs (flat keys) | decode µs (%floor) "
+    head = ("| context | bs | build µs/layer (all layers ms) | score µs (%floor) | select µs (flat keys) | decode µs (%floor; merge µs) "
             "| Locks step µs (floor µs, %floor) | triton dense µs | FA3 µs | FlashInfer µs | SDPA µs | speedup vs best dense |")
     lines = [head, "|" + "---|" * 12]
     for r in records:
@@ -438,7 +451,7 @@ def markdown_table(records: list[dict]) -> str:
         speed = f"{r['speedup_vs_dense']:.2f}x ({r['best_dense']})" if r.get("speedup_vs_dense") else "—"
         lines.append(
             f"| {format_size(c['context_tokens'])} | {c['batch_size']} | {us('build')} ({r['build_all_layers_ms']:.1f}) "
-            f"| {us('score')} ({100 * f['score']:.0f}%) | {us('select')} ({us('select_flat')}) | {us('decode')} ({100 * f['decode']:.0f}%) "
+            f"| {us('score')} ({100 * f['score']:.0f}%) | {us('select')} ({us('select_flat')}) | {us('decode')} ({100 * f['decode']:.0f}%; {us('merge')}) "
             f"| {us('locks_step')} ({fl['locks_step']:.1f}, {100 * f['locks_step']:.0f}%) | {us('triton_dense')} "
             f"| {us('fa3')} | {us('flashinfer')} | {us('sdpa')} | {speed} |")
     failed = [c for c in (records[0]["checks"] if records else []) if not c["ok"]]

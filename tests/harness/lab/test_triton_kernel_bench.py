@@ -25,6 +25,10 @@ def test_bytes_model_matches_the_issue_floor_at_128k():
     nbytes = kb.stage_bytes(geom, layout, seq_len, batch=1, page_budget=128, splits=32)
     assert nbytes["score"] >= 4 * 8192 * 832
     assert 4 * 128 * 8192 <= nbytes["decode"] <= 4 * 128 * 8192 * 1.3  # + split-K partials
+    # the decode's two kernels, each with its own floor: the partials are written by one and read by the other
+    partials = 32 * 32 * 129 * 4
+    assert nbytes["merge"] == partials + 32 * 128 * 2 and nbytes["decode"] == nbytes["decode_pages"] + nbytes["merge"]
+    assert nbytes["decode_pages"] - 4 * 128 * 8192 == partials + 32 * 128 * 2
     floor_us = 1e6 * nbytes["locks_step"] / kb.HBM_BYTES_PER_S
     assert 7.0 < floor_us < 9.5
     dense_floor_us = 1e6 * nbytes["dense"] / kb.HBM_BYTES_PER_S
@@ -33,7 +37,7 @@ def test_bytes_model_matches_the_issue_floor_at_128k():
 
 def _record(status="ok", checks_ok=True):
     timings = {name: {"mean_us": us} for name, us in
-               (("build", 900.0), ("score", 9.0), ("select", 3.0), ("select_flat", 4.0), ("decode", 2.0), ("locks_step", 15.0),
+               (("build", 900.0), ("score", 9.0), ("select", 3.0), ("select_flat", 4.0), ("decode", 2.0), ("merge", 0.7), ("locks_step", 15.0),
                 ("triton_dense", 80.0), ("fa3", 70.0))}
     return {
         "cell": {"context_tokens": 131072, "batch_size": 1}, "status": status, "reason": None if status == "ok" else "x",
@@ -46,7 +50,7 @@ def _record(status="ok", checks_ok=True):
 
 def test_table_reports_speedup_only_for_good_cells():
     table = kb.markdown_table([_record()])
-    assert "| 128k | 1 |" in table and "4.67x (fa3)" in table and "| 3.0 (4.0) |" in table
+    assert "| 128k | 1 |" in table and "4.67x (fa3)" in table and "| 3.0 (4.0) |" in table and "(50%; 0.7)" in table
     failed = kb.markdown_table([_record(status="error", checks_ok=False)])
     assert "x (" not in failed and "FAILED" in failed
 
