@@ -58,12 +58,6 @@ def _setter(device_index: int):
     return nvrtc.load_function(torch.device("cuda", device_index), setter_cubin(f"sm_{major}{minor}"), SETTER_NAME)
 
 
-def _stream(torch_stream: torch.cuda.Stream):
-    from cuda.bindings import driver
-
-    return driver.CUstream(torch_stream.cuda_stream)
-
-
 class _Body:
     """Records what runs inside it into one child graph of a conditional node."""
 
@@ -76,7 +70,7 @@ class _Body:
 
         # no wait on the outer stream: an event from a capturing stream would join the side stream to that capture
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-        nvrtc.driver_ok(driver.cuStreamBeginCaptureToGraph(_stream(self._side), self._graph, None, None, 0, mode),
+        nvrtc.driver_ok(driver.cuStreamBeginCaptureToGraph(nvrtc.stream_handle(self._side), self._graph, None, None, 0, mode),
                         "cuStreamBeginCaptureToGraph")
         self._context = torch.cuda.stream(self._side)
         self._context.__enter__()
@@ -85,7 +79,7 @@ class _Body:
         from cuda.bindings import driver
 
         self._context.__exit__(*exc)
-        nvrtc.driver_ok(driver.cuStreamEndCapture(_stream(self._side)), "cuStreamEndCapture (a branch body)")
+        nvrtc.driver_ok(driver.cuStreamEndCapture(nvrtc.stream_handle(self._side)), "cuStreamEndCapture (a branch body)")
 
 
 class GraphBranches:
@@ -101,10 +95,6 @@ class GraphBranches:
         self._table_count = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._published = 0
         _setter(self.device.index or 0)  # load the kernel now: module loads are not allowed during a capture
-
-    @property
-    def count(self) -> int:
-        return len(self._handles)
 
     def set_all(self, flag: torch.Tensor) -> None:
         """Launch (on the current stream, so inside the capture) the kernel that points every branch of this
@@ -124,7 +114,7 @@ class GraphBranches:
 
         if len(self._handles) >= MAX_BRANCHES:
             raise RuntimeError(f"one GraphBranches holds at most {MAX_BRANCHES} branches")
-        stream = _stream(torch.cuda.current_stream(self.device))
+        stream = nvrtc.stream_handle(torch.cuda.current_stream(self.device))
         info = nvrtc.driver_ok(driver.cuStreamGetCaptureInfo(stream), "cuStreamGetCaptureInfo")
         status, _, graph, deps, edges, num_deps = info
         if status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE:

@@ -166,7 +166,7 @@ class LocksBuilderMixin:
             # not wired into the CUDA backend yet
             raise ConfigError("crossover runs on the CPU engine only for now (the CUDA decode graphs do not branch "
                               "yet); remove 'crossover' from additional_config['locks']")
-        self._kv_element_bytes = torch.empty((), dtype=kv_cache_spec.dtype).element_size()
+        self._kv_element_bytes = kv_cache_spec.dtype.itemsize
         log_active_banner(self.locks_settings, backend_label + (", per-request selection" if self._per_request else ""),
                           self._locks_ops.name)  # fmt: skip
 
