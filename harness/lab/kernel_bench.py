@@ -343,6 +343,7 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
     n = state.copies
     timings = {"build": time_eager(lambda: ops.build_summaries(state.k[0], ids, state.rows[0], layout), reps=3)}
     score()  # fills the scores the select stage reads
+    select()  # fills the pages the decode stages read (torch.empty until then: an illegal read at 512K bs1)
     decode_pages()  # fills the partials (and the split count) the merge stage reads
     for name, fn in (("score", score), ("select", select), ("decode_pages", decode_pages), ("merge", merge),
                      ("decode", decode), ("locks_step", step), ("triton_dense", triton_dense)):
