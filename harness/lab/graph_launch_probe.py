@@ -1,4 +1,4 @@
-"""What one more kernel, or one device-side branch, in a decode CUDA graph costs when the GPU waits for the launch.
+"""What one more kernel in a decode CUDA graph costs when the GPU waits for the launch.
 
 vLLM (async scheduling off, as in the matched pair) syncs on each step's sampled token, prepares the
 next step on the host and then replays the decode graph into an idle GPU, so the graph's launch
@@ -9,11 +9,6 @@ profiler). This probe captures graphs of N tiny kernels and times, without a pro
 (replay) and idle-to-done (replay + synchronize), then fits time = a + b N.
 
     python3 -m locks_toolkit.harness.lab.graph_launch_probe --nodes 100,300,550,750,1000 --out probe.jsonl
-
-`--branches L` prices the crossover's mechanism (`kernels.graph_branch`) on graphs of L "layers", each a dense
-path of DENSE_KERNELS tiny kernels or a sparse one of SPARSE_KERNELS: dense only, sparse only, both recorded
-(what a flag read inside the kernels costs), and IF/ELSE conditional nodes set by one kernel per replay, flagged
-dense and flagged sparse. Each branch replay checks that only the flagged body ran.
 """
 
 from __future__ import annotations
@@ -89,100 +84,6 @@ def replay_times(graph, reps: int) -> dict:
     return {"reps": reps, "replay_call_us": statistics.median(host), "idle_to_done_us": statistics.median(total)}
 
 
-DENSE_KERNELS = 2  # FA3's decode: the attention kernel and its split combine
-SPARSE_KERNELS = 4  # Locks at 16K-32K: score, select (one launch), decode, merge
-BRANCH_MODES = ("dense", "sparse", "both", "branch_dense", "branch_sparse")
-
-
-def time_branch_graphs(layers: int, reps: int) -> list[dict]:
-    """One cell per BRANCH_MODES entry for graphs of `layers` layers (see the module docstring); the branch
-    cells say how many dense and sparse kernels one replay ran, which must match the flag."""
-    import torch
-
-    from ...kernels.graph_branch import GraphBranches
-
-    dense_x, sparse_x = torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda")
-    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
-
-    def dense() -> None:
-        for _ in range(DENSE_KERNELS):
-            dense_x.add_(1.0)
-
-    def sparse() -> None:
-        for _ in range(SPARSE_KERNELS):
-            sparse_x.add_(1.0)
-
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        dense(), sparse()
-    torch.cuda.synchronize()
-    cells = []
-    for mode in BRANCH_MODES:
-        graph = torch.cuda.CUDAGraph()
-        branches = GraphBranches(torch.device("cuda", torch.cuda.current_device())) if mode.startswith("branch") else None
-        with torch.cuda.graph(graph, stream=stream):
-            if branches is not None:
-                branches.set_all(flag)
-            for _ in range(layers):
-                if branches is not None:
-                    with branches.if_else() as (then, otherwise):
-                        with then:
-                            dense()
-                        with otherwise:
-                            sparse()
-                else:
-                    if mode != "sparse":
-                        dense()
-                    if mode != "dense":
-                        sparse()
-        if branches is not None:
-            branches.publish()
-        flag.fill_(1 if mode == "branch_dense" else 0)
-        before = (dense_x.item(), sparse_x.item())
-        graph.replay()
-        torch.cuda.synchronize()
-        ran = {"dense_kernels": int(dense_x.item() - before[0]), "sparse_kernels": int(sparse_x.item() - before[1])}
-        cells.append({"layers": layers, "mode": mode, **ran, **replay_times(graph, reps)})
-    return cells
-
-
-def expected_kernels(mode: str, layers: int) -> dict:
-    """Dense and sparse kernels one replay of `mode` must run."""
-    dense = mode in ("dense", "both", "branch_dense")
-    sparse = mode in ("sparse", "both", "branch_sparse")
-    return {"dense_kernels": DENSE_KERNELS * layers * dense, "sparse_kernels": SPARSE_KERNELS * layers * sparse}
-
-
-def summarize_branches(cells: Sequence[dict]) -> dict:
-    """µs per layer that each way of choosing adds to the path it runs (idle to done), and whether every
-    replay ran exactly the kernels its flag asks for."""
-    by_mode = {c["mode"]: c for c in cells}
-    missing = [m for m in BRANCH_MODES if m not in by_mode]
-    if missing:
-        raise ValueError(f"branch cells lack modes {missing}")
-    layers = by_mode["dense"]["layers"]
-    per_layer = {m: by_mode[m]["idle_to_done_us"] / layers for m in BRANCH_MODES}
-    return {
-        "layers": layers,
-        "us_per_layer": per_layer,
-        "both_over_dense_us": per_layer["both"] - per_layer["dense"],
-        "branch_over_dense_us": per_layer["branch_dense"] - per_layer["dense"],
-        "branch_over_sparse_us": per_layer["branch_sparse"] - per_layer["sparse"],
-        "branches_ran_as_flagged": all(
-            {k: c[k] for k in ("dense_kernels", "sparse_kernels")} == expected_kernels(c["mode"], c["layers"]) for c in cells),
-    }
-
-
-def branch_markdown(cells: Sequence[dict], fit: dict) -> str:
-    lines = ["| graph | kernels run (dense / sparse) | replay + sync µs | µs per layer |", "|---|---:|---:|---:|"]
-    lines += [f"| {c['mode']} | {c['dense_kernels']} / {c['sparse_kernels']} | {c['idle_to_done_us']:.1f} | "
-              f"{fit['us_per_layer'][c['mode']]:.2f} |" for c in cells]
-    lines.append(f"\nper layer over the path taken: both recorded +{fit['both_over_dense_us']:.2f} µs (dense), "
-                 f"IF/ELSE +{fit['branch_over_dense_us']:.2f} µs (dense) / +{fit['branch_over_sparse_us']:.2f} µs "
-                 f"(sparse); branches ran as flagged: {fit['branches_ran_as_flagged']}")
-    return "\n".join(lines)
-
-
 def summarize(cells: Sequence[dict]) -> dict:
     """Per-node slopes (µs per kernel node) of the host call and of idle-to-done, from the cells."""
     xs = [c["nodes"] for c in cells]
@@ -205,14 +106,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", default="100,300,550,750,1000", help="kernel counts of the probed graphs")
     parser.add_argument("--reps", type=int, default=200)
-    parser.add_argument("--branches", type=int, default=0, metavar="LAYERS",
-                        help="also price device-side branches on graphs of this many layers (e.g. 40)")
     parser.add_argument("--out", help="JSONL file the record is appended to")
     args = parser.parse_args(argv)
     try:
         nodes = parse_nodes(args.nodes)
-        if args.branches < 0:
-            raise ConfigError(f"--branches {args.branches} must be a number of layers (e.g. 40), or 0 to skip")
         import torch
 
         if not torch.cuda.is_available():
@@ -225,24 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = [time_graph(n, args.reps) for n in nodes]
     fit = summarize(cells)
     record = {"schema": SCHEMA, "cells": cells, "fit": fit, "provenance": collect(reproduce_command(), schema=SCHEMA)}
-    failed = False
-    if args.branches:
-        try:
-            record["branch_cells"] = time_branch_graphs(args.branches, args.reps)
-            record["branch_fit"] = summarize_branches(record["branch_cells"])
-            failed = not record["branch_fit"]["branches_ran_as_flagged"]
-        except RuntimeError as exc:  # the driver refused a step of building the branches: keep its words
-            record["branch_error"] = str(exc)
-            failed = True
     if args.out:
         with open(args.out, "a") as handle:
             handle.write(json.dumps(record) + "\n")
     sys.stdout.write(markdown(cells, fit) + "\n")
-    if "branch_fit" in record:
-        sys.stdout.write(branch_markdown(record["branch_cells"], record["branch_fit"]) + "\n")
-    if failed:
-        log.error("device-side branches failed: %s", record.get("branch_error") or record["branch_cells"])
-        return 1
     return 0
 
 

@@ -162,8 +162,8 @@ class LocksBuilderMixin:
         self._per_request = per_request_enabled(vllm_config)
         self._crossover = self.locks_settings.crossover
         if self._crossover.enabled and torch.device(device).type == "cuda":
-            # a decode graph must hold both paths and pick one on the device (kernels/graph_branch.py); that is
-            # not wired into the CUDA backend yet
+            # a captured decode graph runs one path; a branch inside it costs more than the crossover saves
+            # (docs/decisions.md), so CUDA needs a graph per path picked on the host: not wired yet
             raise ConfigError("crossover runs on the CPU engine only for now (the CUDA decode graphs do not branch "
                               "yet); remove 'crossover' from additional_config['locks']")
         self._kv_element_bytes = kv_cache_spec.dtype.itemsize

@@ -37,33 +37,3 @@ def test_without_a_gpu_the_probe_says_so_and_writes_nothing(tmp_path, monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = tmp_path / "probe.jsonl"
     assert probe.main(["--out", str(out)]) == 2 and not out.exists()
-
-
-def _branch_cells(layers: int, us: dict[str, float], wrong: str | None = None) -> list[dict]:
-    cells = []
-    for mode in probe.BRANCH_MODES:
-        ran = probe.expected_kernels(mode, layers)
-        if mode == wrong:  # the flag said dense, the sparse body ran as well
-            ran = {"dense_kernels": ran["dense_kernels"], "sparse_kernels": probe.SPARSE_KERNELS * layers}
-        cells.append({"layers": layers, "mode": mode, "idle_to_done_us": us[mode] * layers, **ran})
-    return cells
-
-
-def test_branch_summary_prices_each_way_of_choosing_against_the_path_it_runs():
-    rng = random.Random(5)
-    dense, sparse = rng.uniform(1.5, 3.0), rng.uniform(4.0, 6.0)
-    us = {"dense": dense, "sparse": sparse, "both": dense + sparse, "branch_dense": dense + 0.4,
-          "branch_sparse": sparse + 0.7}
-    fit = probe.summarize_branches(_branch_cells(40, us))
-    assert fit["both_over_dense_us"] == pytest.approx(sparse)
-    assert fit["branch_over_dense_us"] == pytest.approx(0.4) and fit["branch_over_sparse_us"] == pytest.approx(0.7)
-    assert fit["branches_ran_as_flagged"]
-    assert "IF/ELSE +0.40 µs (dense) / +0.70 µs (sparse)" in probe.branch_markdown(_branch_cells(40, us), fit)
-    assert not probe.summarize_branches(_branch_cells(40, us, wrong="branch_dense"))["branches_ran_as_flagged"]
-    with pytest.raises(ValueError, match="lack modes"):
-        probe.summarize_branches(_branch_cells(40, us)[:-1])
-
-
-def test_a_negative_layer_count_is_refused_before_any_gpu_work(tmp_path):
-    out = tmp_path / "probe.jsonl"
-    assert probe.main(["--branches", "-3", "--out", str(out)]) == 2 and not out.exists()
