@@ -64,19 +64,12 @@ def load_function(device: torch.device, cubin: bytes, name: str):
         return driver_ok(driver.cuModuleGetFunction(module, name.encode()), "cuModuleGetFunction")
 
 
-def stream_handle(stream: torch.cuda.Stream):
-    """A torch stream as the driver's CUstream."""
-    from cuda.bindings import driver
-
-    return driver.CUstream(stream.cuda_stream)
-
-
 def launch(function, grid: tuple[int, int, int], threads: int, device: torch.device, values: Sequence[ctypes._SimpleCData],
            what: str) -> None:
     """cuLaunchKernel of `function` with ctypes argument `values`, on torch's current stream of `device`."""
     from cuda.bindings import driver
 
     pointers = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
-    stream = stream_handle(torch.cuda.current_stream(device))
+    stream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
     driver_ok(driver.cuLaunchKernel(function, *grid, threads, 1, 1, 0, stream, ctypes.addressof(pointers), 0),
               f"cuLaunchKernel ({what})")

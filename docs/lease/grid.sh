@@ -17,6 +17,8 @@ M=/tmp/gemma/gemma-3-270m-q4_k_m.gguf
 L="python3 -m locks_toolkit.locks_cli.main"
 MICRO="$L eval microscope --engine vllm --model $M --prompts 4 --context-tokens 32704 --steps 8 \
    --budgets 256,512,1024,2048 --out /tmp/runs/micro-vllm-h200.jsonl"
+AFTER_CONVERT="until grep -q 'CONVERT DONE' /tmp/runs/convert.log; do grep -q 'CONVERT FAILED' /tmp/runs/convert.log \
+  && { echo 'the conversion failed: /tmp/runs/convert.log'; echo CHAIN DONE; exit 1; }; sleep 2; done; "
 ALL=fullkv,locks:r8i4,oracle,quest,centroid  # every arm; in rounds of ROUND instances, so a cut run stays balanced
 previous=""
 for shard in ${SHARDS:-4k:0.15 8k:0.2 16k:0.2 32k:0.3}; do
@@ -25,12 +27,12 @@ for shard in ${SHARDS:-4k:0.15 8k:0.2 16k:0.2 32k:0.3}; do
   # Resume from the grid stored in docs/results (tracked, so it travels with every call): its cells are skipped.
   [[ -f $S ]] || zcat docs/results/quality-gemma3-270m-vllm-h200*.jsonl.gz | python3 -c "
 import json, sys
-length = int('$len'.rstrip('kK')) * 1024
+from locks_toolkit.harness.workload import parse_size
+length = parse_size('$len')
 sys.stdout.writelines(line for line in sys.stdin if json.loads(line)['cell']['context_tokens'] == length)" > $S
   E="$L eval run --engine vllm --model $M --suite ruler --lengths $len ${TASKS:+--tasks $TASKS} --skip-unfit \
      --budgets 64,128,256,512,1024,2048 --round-size ${ROUND:-10} --gpu-memory $share --out $S"
-  CHAIN="until grep -q 'CONVERT DONE' /tmp/runs/convert.log; do grep -q 'CONVERT FAILED' /tmp/runs/convert.log \
-    && { echo 'the conversion failed: /tmp/runs/convert.log'; echo CHAIN DONE; exit 1; }; sleep 2; done; "
+  CHAIN=$AFTER_CONVERT
   [[ -n $previous ]] && CHAIN+="until grep -q 'init engine' $previous || grep -q 'CHAIN DONE' $previous; do sleep 2; done; "
   for pass in ${PASSES:-$ALL:50}; do
     if [[ $pass == micro ]]; then CHAIN+="date; $MICRO; "; else CHAIN+="date; $E --arms ${pass%:*} --samples ${pass##*:}; "; fi
