@@ -157,6 +157,7 @@ class SelectCase:
     identical_pages: bool = False  # every page holds the same keys: all scores tie, lower ids must win
     workspace_group: int | None = None  # allocate the workspace for this larger G (more padded head slots)
     page_noise: float | None = None  # pages = page 0 + noise x fresh keys: near-flat shares, keys in a few bins
+    query_spread: float | None = None  # q x exp(spread x N(0, 1)) per element: outlier dims, |q| over decades
 
 
 # Page scores vs the fp64 reference, |got - ref| / (1 + |ref|): <= 2e-6 on every case, fp32 and bf16 queries,
@@ -187,7 +188,10 @@ def check_score_select(device: str, case: SelectCase, seed: int, q_dtype: torch.
     for s, n in enumerate(num_pages):
         full = scored_pages(case.seq_lens[s])  # the recent page (full or not) is never read: leave garbage
         rows[table[s, :full].long()] = packed[s, :, :full].transpose(0, 1)
-    q = torch.randn((S, Hkv * G, d), generator=gen).to(q_dtype)
+    q = torch.randn((S, Hkv * G, d), generator=gen)
+    if case.query_spread is not None:
+        q = q * torch.exp(case.query_spread * torch.randn(q.shape, generator=gen))
+    q = q.to(q_dtype)
     scale = d**-0.5
     seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32)
     selected = torch.full((S, Hkv, k), -7, dtype=torch.int32, device=device)
@@ -420,6 +424,10 @@ CUDA_CASES = [
     SelectCase((16 * 97 + 9, 16 * 33), group=12, head_dim=128, page_budget=11, num_kv_heads=3, combine="group_max"),
     SelectCase((16 * 150 + 2,), group=1, head_dim=128, page_budget=17, num_kv_heads=4, combine="group_mass"),
     SelectCase((16 * 400 + 5,), group=16, head_dim=128, page_budget=30, num_kv_heads=2, page_noise=1e-2),
+    # G <= 8 (one head per lane, four byte pieces of q): the GLM-4-9B geometry, then an odd group with outliers
+    SelectCase((16 * 1031 + 5, 16 * 77 + 1), group=8, head_dim=128, page_budget=64, num_kv_heads=4),
+    SelectCase((16 * 211 + 13, 16 * 40), group=5, head_dim=128, page_budget=9, num_kv_heads=2, query_spread=1.5),
+    SelectCase((16 * 90 + 3,), group=16, head_dim=128, page_budget=12, num_kv_heads=1, query_spread=1.5),
 ]
 
 

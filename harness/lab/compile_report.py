@@ -176,7 +176,7 @@ def loop_profile(sass: str) -> tuple[int, int, int, int]:
     if not body:
         return 0, 0, 0, 0
     return (len(body), sum(bool(re.search(r"\b(STL|LDL)", text)) for text in body),
-            sum(bool(re.search(r"\bLDG", text)) for text in body), sum(bool(re.search(r"\bHMMA", text)) for text in body))
+            sum(bool(re.search(r"\bLDG", text)) for text in body), sum(bool(re.search(r"\b[HI]MMA", text)) for text in body))
 
 
 def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int]]:

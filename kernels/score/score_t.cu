@@ -9,16 +9,25 @@
 // memory and no word is shuffled between lanes before the epilogue. Lane l is (g = l / 4, t = l % 4) of the
 // PTX fragment tables.
 //
-// Dims: a k-step's 16 K slots are any 16 dims, provided the A operand (q) and the B operands (basis, centroid)
-// agree. Lane t holds dims 32t .. 32t + 31 of every operand: one 16-byte load per basis column. In k-step
-// (w, hh) (w = 0..3, hh = 0..1), slot 2t + e is dim 32t + 8w + 2hh + 4e and slot 2t + 8 + e is dim
-// 32t + 8w + 2hh + 1 + 4e, which is exactly what `((word >> 8hh) & 0x000F000F)` (and `>> 8hh + 4`) pulls out
-// of a basis word (nibble i = dim i of the word's 8).
-//  1. V^T q, per page: m16n8k16 bf16, A = q (exact), B = basis codes n - 8 (exact in bf16: one LOP3 places
-//     nibbles in the mantissas of 128.0, one bf16x2 FMA subtracts 136), fp32 accumulate. Column n of the
-//     n-tile is basis column g.
-//  2. q . mu for the tile's 4 pages: one n-tile whose column g is page g / 2's centroid, high nibble (g even)
-//     or low nibble (g odd) of each int8 (mu = 16 hi + lo; both exact in bf16 the same way).
+// Query: per head, X = q / 2^e in 32-bit fixed point (e from the head's largest |q|: every bf16 element within
+// 2^23 of it is exact), split into four signed bytes X = 2^24 p3 + 2^16 p2 + 2^8 p1 + p0 (24 bits, three bytes,
+// where G > 8: then every element within 2^15 of the largest is exact, the rest rounded by at most 2^-24 of it). The int8 mma then
+// reads the int4 codes and the int8 centroids as they are stored: a nibble needs one LOP3 to become a byte
+// operand (the bf16 mma needed a LOP3, an HFMA2 and a shift per two nibbles). Two bytes (16 bits) were off the
+// fp64 reference by up to 1e-2 where a head's |q| spans 1e5 (outlier dims); three leave two rows of every
+// other mma zero, and the compiler rebuilt those register quads before each mma.
+// Dims: a k-step's 32 K slots are any 32 dims, provided the A operand (q) and the B operands (basis, centroid)
+// agree. Lane t holds dims 32t .. 32t + 31 of every operand: one 16-byte load per basis column. In k-step j
+// (j = 0..3), slot 4t + i is dim 32t + 8j + 2i and slot 16 + 4t + i is dim 32t + 8j + 2i + 1, which is exactly
+// what `word & 0x0F0F0F0F` (and `(word >> 4) & 0x0F0F0F0F`) pulls out of basis word j (nibble i = dim i of the
+// word's 8).
+//  1. V^T q, per page: m16n8k32 s8 x u8 -> s32 (exact), A = byte pieces of X, B = basis codes n + 8
+//     (unsigned nibbles; -8 sum(piece) later turns a piece's dot into its dot with n - 8). With G <= 8 two mmas a
+//     k-step: rows g, g + 8 are head g's (p3, p2), then (p1, p0); else three, p2 .. p0 of 16 heads. Column n of
+//     the n-tile is basis column g. V^T q / 2^e = 2^16 (256 p3. + p2.) + (256 p1. + p0.), both brackets exact in
+//     int32 (three pieces: 2^16 p2. + (256 p1. + p0.)).
+//  2. q . mu for the tile's 4 pages: one n-tile (s8 x s8) whose columns 2p and 2p + 1 both are page p's centroid
+//     bytes (so lane t ends with page t's dot in its own registers), four k-steps per tile.
 //  3. Contraction with the coefficients: m16n8k8 tf32. The accumulator of step 1 holds columns (2t, 2t + 1);
 //     mapping K slot t to column 2t and slot t + 4 to column 2t + 1 makes those registers the A operand as
 //     they are. V^T q goes in as two tf32 terms (hi = top 11 bits, lo = the rest rounded: 22 bits), the int8
@@ -35,6 +44,11 @@
 #ifndef LANE_ROWS
 #define LANE_ROWS 2
 #endif
+// X's byte pieces: 4 (two mmas a k-step of two pieces each) with one head per lane, 3 (three mmas of 16 heads,
+// 24 bits: four spilled at the 128-register cap) with two.
+#define PIECES (LANE_ROWS == 1 ? 4 : 3)
+#define Q_MMAS (LANE_ROWS == 1 ? 2 : 3)  // mmas per k-step of V^T q
+
 #ifndef MIN_WARPS_PER_SM
 #define MIN_WARPS_PER_SM 16  // caps registers at 128
 #endif
@@ -59,18 +73,29 @@ __device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
     return d;
 }
 
-// (x & 0x000F000F) ^ magic, then one bf16x2 FMA: x * 1 + neg_bias (both halves exact).
-// (One LOP3 in asm: written in C, the two constants cost an AND and an OR.)
-__device__ __forceinline__ u32 nibble_pair(u32 x, u32 magic, u32 neg_bias) {
-    u32 y, d;
-    asm("lop3.b32 %0, %1, %2, %3, 0x6A;" : "=r"(y) : "r"(x), "r"(0x000F000Fu), "r"(magic));  // (x & b) ^ c
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(y), "r"(0x3F803F80u), "r"(neg_bias));
-    return d;
+// d += A (16 x 32, s8) B (32 x 8, u8 or s8), exact in s32.
+__device__ __forceinline__ void mma_s8u8(int (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+// The first k-step: d = A B (a zero accumulator: RZ, no register moves).
+__device__ __forceinline__ void mma_s8u8_from(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+
+__device__ __forceinline__ void mma_s8s8_from(int (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%10,%10,%10};"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "r"(0));
+}
+
+__device__ __forceinline__ void mma_s8s8(int (&c)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
@@ -107,6 +132,16 @@ __device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2
     m = top;
 }
 
+// X . v from the dots of its byte pieces plus their biases: 2^16 hi + lo with hi = 256 p3. + p2. + bias_hi (three
+// pieces: p2. + bias_hi) and lo = 256 p1. + p0. + bias_lo, each exact in int32.
+__device__ __forceinline__ float x_dot(int d3, int d2, int d1, int d0, int bias_hi, int bias_lo) {
+    return fmaf((float)(256 * d3 + d2 + bias_hi), 65536.0f, (float)(256 * d1 + d0 + bias_lo));
+}
+
+__device__ __forceinline__ float x_dot3(int d2, int d1, int d0, int bias_hi, int bias_lo) {
+    return fmaf((float)(d2 + bias_hi), 65536.0f, (float)(256 * d1 + d0 + bias_lo));
+}
+
 __device__ __forceinline__ float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xFFFFFFFFu, v, mask); }
 
 extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / CTA_WARPS) locks_score_t(
@@ -128,44 +163,98 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
     const int t_begin = chunk * per_chunk;
     const int t_end = min(t_begin + per_chunk, n_tiles);
 
-    // q as the A operand of every k-step: rows g and g + 8, dims 32t .. 32t + 31 (see the top comment).
-    u32 qa[8][4];
+    // q as the A operand of every k-step (see the top comment): qa[m][j] is mma m's A in k-step j. bias_hi[h2] and
+    // bias_lo[h2] turn row g + 8 h2's dots with the stored codes n + 8 into dots with n - 8 (-8 sum of 256 p3 + p2,
+    // or of p2; -8 sum of 256 p1 + p0); lane_scale[h2] = its 2^e, times log2(e) scale.
+    u32 qa[Q_MMAS][4][4];
+    int bias_hi[LANE_ROWS], bias_lo[LANE_ROWS];
+    float lane_scale[LANE_ROWS];
     {
-        u32 lo_row[16], hi_row[16];
-        const int rows_g[2] = {g, g + 8};
+        u32 even[LANE_ROWS][PIECES][4], odd[LANE_ROWS][PIECES][4];  // [row g, g + 8][highest .. p0][k-step]: bytes of dims 8j + {0,2,4,6} / {1,3,5,7}
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            u32* dst = half ? hi_row : lo_row;
-            const int row = rows_g[half];
+        for (int h2 = 0; h2 < LANE_ROWS; ++h2) {
+            const int row = g + 8 * h2;
+            float x[32];
             if (row < group) {
                 const uint4* src = reinterpret_cast<const uint4*>(q + seq * s_qs + (long long)(head * group + row) * s_qh + 32 * t);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
-                    uint4 v = __ldg(src + i);
-                    dst[4 * i] = v.x; dst[4 * i + 1] = v.y; dst[4 * i + 2] = v.z; dst[4 * i + 3] = v.w;
+                    const uint4 v = __ldg(src + i);
+                    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                    for (int k = 0; k < 4; ++k) {
+                        x[8 * i + 2 * k] = __uint_as_float(w[k] << 16);
+                        x[8 * i + 2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+                    }
                 }
             } else {
 #pragma unroll
-                for (int i = 0; i < 16; ++i) dst[i] = 0u;
+                for (int i = 0; i < 32; ++i) x[i] = 0.0f;
             }
+            float amax = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(x[i]));
+            amax = fmaxf(amax, shfl_xor(amax, 1));
+            amax = fmaxf(amax, shfl_xor(amax, 2));
+            // 2^(e + 8 PIECES - 1) > amax (1 + 2^-7): |X| < 2^(8 PIECES - 1) / 1.0078, so X plus a byte's rounding stays
+            // in int32 and the top piece in [-127, 127] (a bf16 amax of mantissa 255 would pass the bound at
+            // e = exponent - 8 PIECES + 2). Zero heads: X = 0.
+            const int e = max(((__float_as_int(amax * 1.0078125f) >> 23) & 0xFF) - 127 - (8 * PIECES - 2), -100);
+            const float inv = __int_as_float((127 - e) << 23);
+            lane_scale[h2] = __int_as_float((127 + e) << 23) * log2_scale;
+            int sum[PIECES] = {};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                u32 ev[PIECES] = {}, od[PIECES] = {};
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {  // dim 8j + i of this lane's 32
+                    int rest = __float2int_rn(x[8 * j + i] * inv);
+                    int piece[PIECES];
+#pragma unroll
+                    for (int k = PIECES - 1; k > 0; --k) {  // p0, p1, ... in [-128, 127], then the top piece what is left
+                        piece[k] = ((rest + 128) & 255) - 128;
+                        rest = (rest - piece[k]) >> 8;
+                    }
+                    piece[0] = rest;
+#pragma unroll
+                    for (int k = 0; k < PIECES; ++k) {
+                        sum[k] += piece[k];
+                        const u32 byte = (u32)(piece[k] & 0xFF) << (8 * (i >> 1));
+                        if (i & 1) od[k] |= byte; else ev[k] |= byte;
+                    }
+                }
+#pragma unroll
+                for (int k = 0; k < PIECES; ++k) {
+                    even[h2][k][j] = ev[k];
+                    odd[h2][k][j] = od[k];
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < PIECES; ++k) {
+                sum[k] += __shfl_xor_sync(0xFFFFFFFFu, sum[k], 1);
+                sum[k] += __shfl_xor_sync(0xFFFFFFFFu, sum[k], 2);
+            }
+            bias_hi[h2] = -8 * (PIECES == 4 ? 256 * sum[0] + sum[1] : sum[0]);
+            bias_lo[h2] = -8 * (256 * sum[PIECES - 2] + sum[PIECES - 1]);
         }
 #pragma unroll
-        for (int w = 0; w < 4; ++w) {
+        for (int j = 0; j < 4; ++j) {
+#if LANE_ROWS == 1  // mma m: rows g, g + 8 = head g's pieces 2m, 2m + 1 (in p3 .. p0 order)
 #pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int i = 4 * w + hh;  // word of dims (32t + 8w + 2hh, +1); word i + 2 holds +4, +5
-                qa[2 * w + hh][0] = prmt(lo_row[i], lo_row[i + 2], 0x5410);
-                qa[2 * w + hh][1] = prmt(hi_row[i], hi_row[i + 2], 0x5410);
-                qa[2 * w + hh][2] = prmt(lo_row[i], lo_row[i + 2], 0x7632);
-                qa[2 * w + hh][3] = prmt(hi_row[i], hi_row[i + 2], 0x7632);
+            for (int m = 0; m < 2; ++m) {
+                qa[m][j][0] = even[0][2 * m][j]; qa[m][j][1] = even[0][2 * m + 1][j];
+                qa[m][j][2] = odd[0][2 * m][j]; qa[m][j][3] = odd[0][2 * m + 1][j];
             }
+#else  // mma m: piece m of heads g and g + 8
+#pragma unroll
+            for (int m = 0; m < 3; ++m) {
+                qa[m][j][0] = even[0][m][j]; qa[m][j][1] = even[1][m][j];
+                qa[m][j][2] = odd[0][m][j]; qa[m][j][3] = odd[1][m][j];
+            }
+#endif
         }
     }
-    // Centroid n-tile: column g is page g / 2, high nibbles (g even: mu >> 4 = (nibble ^ 8) - 8) or low ones.
-    const bool high_part = (g & 1) == 0;
-    const u32 mu_shift = high_part ? 4u : 0u;
-    const u32 mu_magic = high_part ? 0x43084308u : 0x43004300u;
-    const u32 mu_bias = high_part ? 0xC308C308u : 0xC300C300u;  // -136, -128
+    // Centroid n-tile: columns g = 2p, 2p + 1 are page p's.
     const int mu_page = g >> 1;
 
     float run_max[LANE_ROWS], run_sum[LANE_ROWS];
@@ -226,19 +315,18 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
         const u16 mu_scale_h = __ldg(reinterpret_cast<const u16*>(rows + own_row + SCALE_OFF));
 
         // 2. q . mu of the tile's pages.
-        float mu_acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int mu_acc[Q_MMAS][4];
         {
             const u32 mw[8] = {mu_words[0].x, mu_words[0].y, mu_words[0].z, mu_words[0].w,
                                mu_words[1].x, mu_words[1].y, mu_words[1].z, mu_words[1].w};
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
+            for (int j = 0; j < 4; ++j) {
+                const u32 b0 = prmt(mw[2 * j], mw[2 * j + 1], 0x6420u);  // dims 8j + {0, 2, 4, 6}
+                const u32 b1 = prmt(mw[2 * j], mw[2 * j + 1], 0x7531u);  // dims 8j + {1, 3, 5, 7}
 #pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    // bytes of dims (8w + 2hh, 8w + 2hh + 4) and (+1, +5) into the low byte of each half
-                    const u32 x0 = prmt(mw[2 * w], mw[2 * w + 1], hh ? 0x0602u : 0x0400u);
-                    const u32 x1 = prmt(mw[2 * w], mw[2 * w + 1], hh ? 0x0703u : 0x0501u);
-                    mma_bf16(mu_acc, qa[2 * w + hh], nibble_pair(x0 >> mu_shift, mu_magic, mu_bias),
-                             nibble_pair(x1 >> mu_shift, mu_magic, mu_bias));
+                for (int m = 0; m < Q_MMAS; ++m) {
+                    if (j == 0) mma_s8s8_from(mu_acc[m], qa[m][j], b0, b1);
+                    else mma_s8s8(mu_acc[m], qa[m][j], b0, b1);
                 }
             }
         }
@@ -246,22 +334,32 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
         float y[TILE][LANE_ROWS][4];  // logits in log2 units: [page][row g, g + 8][token 2t, 2t + 1, 8 + 2t, 9 + 2t]
 #pragma unroll
         for (int p = 0; p < TILE; ++p) {
-            // 1. V^T q of page p: [16 heads, 8 columns]; this lane holds columns 2t, 2t + 1 of rows g, g + 8.
-            float vq[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            // 1. V^T q / 2^e of page p: [16 rows, 8 columns]; this lane holds columns 2t, 2t + 1 of rows g, g + 8.
+            int acc_q[Q_MMAS][4];
             const u32 bw[4] = {basis[p].x, basis[p].y, basis[p].z, basis[p].w};
 #pragma unroll
-            for (int w = 0; w < 4; ++w) {
+            for (int j = 0; j < 4; ++j) {
+                const u32 b0 = bw[j] & 0x0F0F0F0Fu;
+                const u32 b1 = (bw[j] >> 4) & 0x0F0F0F0Fu;
 #pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    mma_bf16(vq, qa[2 * w + hh], nibble_pair(bw[w] >> (8 * hh), 0x43004300u, 0xC308C308u),
-                             nibble_pair(bw[w] >> (8 * hh + 4), 0x43004300u, 0xC308C308u));
+                for (int m = 0; m < Q_MMAS; ++m) {
+                    if (j == 0) mma_s8u8_from(acc_q[m], qa[m][j], b0, b1);
+                    else mma_s8u8(acc_q[m], qa[m][j], b0, b1);
                 }
             }
-            // log2(e) * scale joins the column scales: the contraction then yields log2-unit logits per token scale
-            const float cs0 = half_to_float(col_scale_h[p][0]) * log2_scale;
-            const float cs1 = half_to_float(col_scale_h[p][1]) * log2_scale;
-            // A operand of the contraction: slot t = column 2t, slot t + 4 = column 2t + 1.
-            const float a_f[4] = {vq[0] * cs0, vq[2] * cs0, vq[1] * cs1, vq[3] * cs1};
+            // 2^e and log2(e) * scale join the column scales: the contraction then yields log2-unit logits per token scale.
+            const float c0 = half_to_float(col_scale_h[p][0]);
+            const float c1 = half_to_float(col_scale_h[p][1]);
+            // A operand of the contraction: slot t = column 2t, slot t + 4 = column 2t + 1 (rows g, g + 8).
+#if LANE_ROWS == 2  // mma m: piece m; rows g (registers 0, 1) and g + 8 (2, 3)
+#define VQ(r, h2) x_dot3(acc_q[0][r], acc_q[1][r], acc_q[2][r], bias_hi[h2], bias_lo[h2])
+            const float a_f[4] = {VQ(0, 0) * (c0 * lane_scale[0]), VQ(2, 1) * (c0 * lane_scale[1]),
+                                  VQ(1, 0) * (c1 * lane_scale[0]), VQ(3, 1) * (c1 * lane_scale[1])};
+#else  // mma m: pieces 2m (row g: registers 0, 1), 2m + 1 (row g + 8: 2, 3)
+#define VQ(c) x_dot(acc_q[0][c], acc_q[0][2 + c], acc_q[1][c], acc_q[1][2 + c], bias_hi[0], bias_lo[0])
+            const float a_f[4] = {VQ(0) * (c0 * lane_scale[0]), 0.0f, VQ(1) * (c1 * lane_scale[0]), 0.0f};
+#endif
+#undef VQ
             u32 a_hi[4], a_lo[4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
@@ -320,14 +418,18 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
         }
         const int page = first + t;
         const bool valid = page < n_full;
-        const float mu_scale = half_to_float(mu_scale_h) * log2_scale;
+        const float mu_scale = half_to_float(mu_scale_h);
 #pragma unroll
         for (int h2 = 0; h2 < LANE_ROWS; ++h2) {
             const float s = (odd ? kept[1][h2] : kept[0][h2]) + shfl_xor(odd ? kept[0][h2] : kept[1][h2], 1);
             const float m = t == 0 ? gmax[0][h2] : t == 1 ? gmax[1][h2] : t == 2 ? gmax[2][h2] : gmax[3][h2];
-            // mu_acc: columns 2t (high nibbles) and 2t + 1 (low) of page t, rows g (0, 1) and g + 8 (2, 3)
-            const float q_mu = 16.0f * mu_acc[2 * h2] + mu_acc[2 * h2 + 1];
-            const float score = m + lg2(s) + q_mu * mu_scale;  // log2 units
+            // mu_acc: column 2t is page t (centroid bytes are signed: no bias)
+#if LANE_ROWS == 2
+            const float x_mu = x_dot3(mu_acc[0][2 * h2], mu_acc[1][2 * h2], mu_acc[2][2 * h2], 0, 0);
+#else
+            const float x_mu = x_dot(mu_acc[0][0], mu_acc[0][2], mu_acc[1][0], mu_acc[1][2], 0, 0);
+#endif
+            const float score = m + lg2(s) + x_mu * (mu_scale * lane_scale[h2]);  // log2 units
             const int row = g + 8 * h2;
             if (valid) {
                 if (row < group)
