@@ -151,8 +151,12 @@ def _cuobjdump(cubin: bytes, flag: str) -> str:
 def _largest_loop(sass: str) -> list[str]:
     """The instructions of the kernel's largest loop body (its back-branch span), [] without a loop."""
     lines = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    # Back-branches after the last EXIT are the compiler's cold paths (divergent-warp fallbacks of collective
+    # operations) jumping back into the body; their spans are not loops of the kernel.
+    last_exit = max((addr for addr, text in lines if re.search(r"\bEXIT\b", text)), default=None)
     loops = [(int(t[1], 16), addr) for addr, text in lines
-             if (t := re.search(r"\bBRA\b[^`]*?0x([0-9a-f]+)", text)) and int(t[1], 16) < addr]
+             if (t := re.search(r"\bBRA\b[^`]*?0x([0-9a-f]+)", text)) and int(t[1], 16) < addr
+             and (last_exit is None or addr < last_exit)]
     if not loops:
         return []
     first, last = max(loops, key=lambda span: span[1] - span[0])

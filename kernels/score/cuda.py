@@ -108,6 +108,10 @@ def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool, rows_per
                                            KERNEL_NAME)
             regs = nvrtc.driver_ok(driver.cuFuncGetAttribute(
                 driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, function), "cuFuncGetAttribute")
+            # All of the unified L1 as shared memory: PROGRAMS_PER_SM programs' row stages (~40 KB each) side by side.
+            nvrtc.driver_ok(driver.cuFuncSetAttribute(
+                function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100),
+                "cuFuncSetAttribute")
             _CACHE[key] = CompiledScorer(function, int(regs))
             log.info("CUDA score kernel compiled for device %s (%s): %d registers", device, ARCH, regs)
         return _CACHE[key]
