@@ -75,9 +75,6 @@ VARIANTS = (
     ScoreTuning(select_path="one", **SCORER_KERNELS["cuda"]),
     ScoreTuning(select_path="one", tail_block=4096, **SCORER_KERNELS["cuda"]),
     ScoreTuning(select_path="one", tail_block=1024, **SCORER_KERNELS["cuda"]),
-    # Four launches over more selection chunks: each keys / gather program walks fewer pages of a wide table
-    ScoreTuning(select_chunks=64, **SCORER_KERNELS["cuda"]),
-    ScoreTuning(select_chunks=128, **SCORER_KERNELS["cuda"]),
 )
 
 

@@ -6,9 +6,10 @@ accepts: r8i4 rows (d = 128, 16-token pages), bf16 queries, G <= 16, 16-byte ali
 rows, an sm_90 device. Everything else runs the Triton kernels. Reference: `reference.score.summary_page_scores`.
 
 Why CUDA here: the Triton kernels spend most of their instructions moving int4 words and V^T q between
-register layouts (ncu: issue-bound at ~800 SASS per 2-page tile). This kernel builds every operand
-in the layout of the mma that reads it (~840 SASS per 4-page tile, `python -m locks_toolkit.harness.lab.compile_report
---cuda`).
+register layouts (ncu: issue-bound at ~800 SASS per 2-page tile). This kernel reads every operand in the
+layout of the mma that takes it, runs V^T q and q . mu on the int8 mma (the codes need one LOP3 a word), and
+brings the rows to shared memory by Hopper bulk copies ahead of use (~575 SASS per 4-page tile at G <= 8,
+`python -m locks_toolkit.harness.lab.compile_report --cuda`).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-// Page scores of score_select in CUDA (locks.md §2): the contract of kernels/triton/score_t.py, for r8i4
-// summaries, d = 128, bf16 queries and G <= 16 (kernels/cuda/score.py checks that and compiles this with NVRTC).
+// Page scores of score_select in CUDA (locks.md §2): the contract of kernels/score/transposed.py, for r8i4
+// summaries, d = 128, bf16 queries and G <= 16 (kernels/score/cuda.py checks that and compiles this with NVRTC).
 //
 // Grid (S * Hkv, chunks), CTA_WARPS warps per program; each program scores the tiles [t_begin, t_end) of
 // TILE = 4 pages of one (sequence, KV head) for its G query heads (the mma's M = 16 rows; rows >= G are zero
 // queries), warp w taking tiles t_begin + w, + CTA_WARPS, ... (more warps per SM hide the load latency that
 // one-warp programs left exposed: 17.8 µs at 128K bs1 with one warp, grid-limited to ~8 warps per SM).
-// Every operand is built in the register layout of the mma that reads it, so no layout goes through shared
-// memory and no word is shuffled between lanes before the epilogue. Lane l is (g = l / 4, t = l % 4) of the
-// PTX fragment tables.
+// Each warp's tiles stream through STAGES shared-memory stages (bulk copies, below); from there every operand is
+// read in the register layout of the mma that takes it, and no word is shuffled between lanes before the
+// epilogue. Lane l is (g = l / 4, t = l % 4) of the PTX fragment tables.
 //
 // Query: per head, X = q / 2^e in 32-bit fixed point (e from the head's largest |q|: every bf16 element within
 // 2^23 of it is exact), split into four signed bytes X = 2^24 p3 + 2^16 p2 + 2^8 p1 + p0 (24 bits, three bytes,
