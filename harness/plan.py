@@ -190,20 +190,23 @@ class DecodePlan:
 
     def decode_tokens_for(self, context: int) -> int:
         """Tokens one request may generate at `context`: at a single-prefill context the clock ramp and the
-        timed windows run on the same requests; with batch_prefill once the last survivors decode through
-        every cell of the engine."""
+        timed windows run on the same requests; with batch_prefill once the survivors decode through every
+        cell of the engine (the most over the cells, largest batch first)."""
         if self.batch_prefill == "once":
-            return self.decode_tokens_held(context, len(self.batch_sizes) - 1)
+            cells = sorted(self.batch_sizes, reverse=True)
+            return max(self.decode_tokens_held(context, index, batch) for index, batch in enumerate(cells))
         if not self.single_prefill(context):
             return self.decode_tokens_per_request
         return self.ramp_max_steps + self.cell_decode_steps + 2
 
-    def decode_tokens_held(self, context: int, cells_before: int) -> int:
-        """batch_prefill once: the most tokens a request has decoded by the end of the cell that follows
-        `cells_before` cells on the same requests (the warm-up ramp of a full-protocol context runs on
-        its own requests, so only a single-prefill context's ramp counts)."""
+    def decode_tokens_held(self, context: int, cells_before: int, batch: int = 1) -> int:
+        """batch_prefill once: the most tokens a request of a `batch`-request cell has decoded by the end of the
+        cell that follows `cells_before` cells on the same requests (the warm-up ramp of a full-protocol context
+        runs on its own requests, so only a single-prefill context's ramp counts). A cell keeps the requests
+        prefilled last; the first of them has also decoded one token a step while the others' chunks ran."""
         ramp = self.ramp_max_steps if self.single_prefill(context) else 0
-        held = ramp + (cells_before + 1) * self.cell_decode_steps + 2
+        during_prefill = -(-(batch - 1) * context // self.max_num_batched_tokens) + 1 if batch > 1 else 0
+        held = ramp + (cells_before + 1) * self.cell_decode_steps + 2 + during_prefill
         return held if self.single_prefill(context) else max(held, self.ramp_max_steps + 2)
 
     @property

@@ -239,8 +239,11 @@ def _run_session(session, job: EngineJob, emit) -> None:
 
 
 def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, weights: dict | None) -> None:
-    """batch_prefill once: prefill the largest batch that fits, measure it, then keep the first b requests
-    for each smaller batch (largest first) and measure again; one prefill per engine.
+    """batch_prefill once: prefill the largest batch that fits, measure it, then keep the last b requests
+    for each smaller batch (largest first) and measure again; one prefill per engine. The last requests are
+    the ones prefilled last: under chunked prefill the first ones decode while the later chunks run (at 32K x
+    32, 16K-token chunks, the first request had ~60 tokens more than the plan's room, and the batch-1 cell's
+    last window ran out of positions).
 
     A batch fits when its requests, with everything they will have decoded by the end of its cell, fit in
     the engine's KV blocks; batches that do not are oom records without a prefill."""
@@ -251,7 +254,7 @@ def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, weights: dict
     have = session.num_kv_blocks
     fitting: list[int] = []
     for batch in sorted(job.batch_sizes, reverse=True):
-        need = session.blocks_needed(batch, job.context, plan.decode_tokens_held(job.context, len(fitting)))
+        need = session.blocks_needed(batch, job.context, plan.decode_tokens_held(job.context, len(fitting), batch))
         if have is not None and need > have:
             emit({"type": "cell", "batch": batch, "status": "oom",
                   "reason": f"needs {need} KV blocks, the engine has {have}"})
@@ -269,8 +272,8 @@ def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, weights: dict
     ids, decoded = list(pre.request_ids), 0
     for index, batch in enumerate(fitting):
         if index:
-            session.abort(ids[batch:], drain=False)  # the settle steps below let the scheduler drop them
-            ids = ids[:batch]
+            session.abort(ids[:-batch], drain=False)  # the settle steps below let the scheduler drop them
+            ids = ids[-batch:]
         try:
             result, steps = measure_live(session, job, batch, ids, sm_max, weights, ramp=single and index == 0,
                                          emit=emit, decoded_before=decoded)

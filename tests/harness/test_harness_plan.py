@@ -243,6 +243,12 @@ def test_batch_prefill_mode_is_checked_and_sizes_the_engine_for_the_survivors():
     once = load_plan(None, {"contexts": "32k", "batch_sizes": "1,2,4", "batch_prefill": "once"})
     # the batch-1 survivor decodes through three cells; per_batch requests through one
     assert once.decode_tokens_for(32768) == 3 * once.cell_decode_steps + 2
+    assert once.decode_tokens_held(32768, 2, 1) == 3 * once.cell_decode_steps + 2
+    # a cell's first request also decodes a token a step while the others' prefill chunks run: 31 x 32K tokens
+    # in chunks of 2048 are 496 steps, more than a cell's decode, so the largest batch sets the room
+    wide = load_plan(None, {"contexts": "32k", "batch_sizes": "1,32", "batch_prefill": "once", "max_num_batched_tokens": 2048})
+    assert wide.decode_tokens_held(32768, 0, 32) == wide.cell_decode_steps + 2 + 496 + 1
+    assert wide.decode_tokens_for(32768) == wide.decode_tokens_held(32768, 0, 32) > wide.decode_tokens_held(32768, 1, 1)
     assert per_batch.decode_tokens_for(32768) == max(per_batch.ramp_max_steps, per_batch.cell_decode_steps) + 2
     assert once.max_model_len_for(32768) > per_batch.max_model_len_for(32768)
 

@@ -40,6 +40,7 @@ class ScriptedSession:
         self.steps = 0
         self.live: list[str] = []
         self.aborted: list[tuple[int, bool]] = []  # (requests, drain) of every abort, in order
+        self.aborted_ids: list[list[str]] = []  # the ids of every abort, in order
         self.ttfts = list(self.ttft_script or [])
         self.prefills: list[tuple[str, int]] = []  # (tag, batch) of every prefill, in order
         ScriptedSession.last = self
@@ -90,6 +91,7 @@ class ScriptedSession:
 
     def abort(self, request_ids, drain=True):
         self.aborted.append((len(request_ids), drain))
+        self.aborted_ids.append(list(request_ids))
         self.live = [request_id for request_id in self.live if request_id not in set(request_ids)]
 
 
@@ -311,7 +313,7 @@ def test_below_the_single_prefill_context_the_full_protocol_runs(scripted):
 
 
 def test_batch_prefill_once_prefills_the_largest_fitting_batch_and_measures_the_rest_on_its_requests(scripted, monkeypatch):
-    """One prefill per engine: batch 8 does not fit, 4 is prefilled and measured, then 2 and 1 keep the first
+    """One prefill per engine: batch 8 does not fit, 4 is prefilled and measured, then 2 and 1 keep the last
     requests of that prefill (the others aborted without draining), largest first; each cell says how many
     tokens its requests had decoded before it, and its bytes are counted at that longer length."""
     plan = _job("cpu", [1, 2, 4, 8], batch_prefill="once").plan
@@ -338,6 +340,8 @@ def test_batch_prefill_once_prefills_the_largest_fitting_batch_and_measures_the_
     assert by_batch[4]["prefill"]["ttft_ms"] == 10.0 and by_batch[2]["prefill"]["ttft_ms"] is None
     assert session.aborted[0] == (1, True)  # the warm-up request
     assert session.aborted[1:3] == [(2, False), (1, False)]  # 4 -> 2 -> 1 without draining the survivors
+    # the survivors are the requests prefilled last (under chunked prefill the first ones decode meanwhile)
+    assert session.aborted_ids[1:4] == [["measure-1-0", "measure-1-1"], ["measure-1-2"], ["measure-1-3"]]
     assert session.aborted[3] == (1, True)  # the last survivor, drained before the TTFT repeats
     assert by_batch[1]["ttft_ms"]["n"] == 3 and by_batch[4]["ttft_ms"] is None  # repeats once nothing is live
     assert messages[-1]["type"] == "done"
