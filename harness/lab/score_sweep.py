@@ -69,7 +69,8 @@ VARIANTS = (
     ScoreTuning(maxnreg=96, **SCORER_KERNELS["transposed"]),
     ScoreTuning(stages=2, **SCORER_KERNELS["transposed"]),
     # The CUDA kernel (kernels/score/score_t.cu): operands built in the mma register layouts, 4-page tiles,
-    # ~840 SASS per tile against the transposed kernel's ~800 per 2 pages
+    # (int8 mma for V^T q, rows by bulk copies into shared memory): ~575 SASS per tile against the transposed
+    # kernel's ~800 per 2 pages
     ScoreTuning(**SCORER_KERNELS["cuda"]),
     # The one-launch selection's tail (topk_one._select_by_loops) in steps of 2048 (default), 4096 and 1024 keys
     ScoreTuning(select_path="one", **SCORER_KERNELS["cuda"]),

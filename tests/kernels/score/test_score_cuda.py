@@ -1,7 +1,7 @@
 """The CUDA score kernel on a CPU machine: NVRTC compiles it for sm_90 as production launches it, within its
 register budget and with the loop the design counts on, and `fits` says why a call goes to Triton instead.
 Its numerics run on the GPU only: `python -m locks_toolkit.harness.lab.kernel_checks --cuda` compares its page
-scores and selections with the fp64 reference (12 of 12 on the H200, docs/results/archive/gpu-checks-h200-ce17d02.log)."""
+scores and selections with the fp64 reference (18 of 18 on the H200, docs/results/archive/gpu-checks-h200-4bd6718.log)."""
 
 from __future__ import annotations
 
