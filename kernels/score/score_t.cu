@@ -192,6 +192,45 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
     const int t_begin = chunk * per_chunk;
     const int t_end = min(t_begin + per_chunk, n_tiles);
 
+    const int* table_row = block_table + seq * s_bt;
+    // The tile's 4 summary rows reach shared memory by bulk copies (one per row, issued by lanes 0-3, completing on
+    // the stage's mbarrier) STAGES - 1 tiles ahead of the one being scored: a warp's loads then overlap its own
+    // arithmetic instead of following it (loads issued per tile and waited on at once left the kernel at ~55% of
+    // the HBM bandwidth with 16 warps per SM, whatever the instruction count).
+    __shared__ __align__(128) unsigned char stage_rows[CTA_WARPS][STAGES][TILE * ROW_BYTES];
+    __shared__ __align__(8) unsigned long long stage_bar[CTA_WARPS][STAGES];
+    const u32 bar0 = smem_addr(&stage_bar[warp][0]);
+    const u32 rows0 = smem_addr(&stage_rows[warp][0][0]);
+    if (lane == 0) {
+#pragma unroll
+        for (int st = 0; st < STAGES; ++st) mbar_init(bar0 + 8 * st, 1);
+        fence_mbar_init();
+    }
+    __syncwarp();
+    const int first_tile = t_begin + warp;
+    const int n_iter = first_tile < t_end ? (t_end - first_tile + CTA_WARPS - 1) / CTA_WARPS : 0;
+    // Block id of page `lane` (lanes 0-3) of the warp's k-th tile; block 0 past n_full or n_iter (any valid row:
+    // its results are masked below).
+    auto tile_block = [&](int k) -> int {
+        const int page = (first_tile + k * CTA_WARPS) * TILE + lane;
+        return (lane < TILE && k < n_iter && page < n_full) ? __ldg(table_row + page) : 0;
+    };
+    auto issue = [&](int k, int blk) {  // the warp's k-th tile into stage k % STAGES
+        const u32 bar = bar0 + 8 * (k % STAGES);
+        if (lane == 0) mbar_expect_tx(bar, TILE * ROW_BYTES);
+        __syncwarp();
+        if (lane < TILE)
+            bulk_copy(rows0 + ((k % STAGES) * TILE + lane) * ROW_BYTES,
+                      rows + ((ROW_OFFSET_T)blk * num_kv_heads + head) * ROW_BYTES, ROW_BYTES, bar);
+    };
+#pragma unroll
+    for (int k = 0; k < STAGES - 1; ++k) {
+        const int blk = tile_block(k);
+        if (k < n_iter) issue(k, blk);
+    }
+    int next_blk = tile_block(STAGES - 1);  // one tile further ahead: its copy then waits on no table load
+    // (The first tiles' copies go out before q's conversion below, which they do not need: at 16K-32K a warp
+    // scores one or two tiles, and their DRAM round trip then overlaps the conversion.)
     // q as the A operand of every k-step (see the top comment): qa[m][j] is mma m's A in k-step j. bias_hi[h2] and
     // bias_lo[h2] turn row g + 8 h2's dots with the stored codes n + 8 into dots with n - 8 (-8 sum of 256 p3 + p2,
     // or of p2; -8 sum of 256 p1 + p0); lane_scale[h2] = its 2^e, times log2(e) scale.
@@ -292,43 +331,6 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
         run_max[h2] = NEG_INF;
         run_sum[h2] = 0.0f;
     }
-    const int* table_row = block_table + seq * s_bt;
-    // The tile's 4 summary rows reach shared memory by bulk copies (one per row, issued by lanes 0-3, completing on
-    // the stage's mbarrier) STAGES - 1 tiles ahead of the one being scored: a warp's loads then overlap its own
-    // arithmetic instead of following it (loads issued per tile and waited on at once left the kernel at ~55% of
-    // the HBM bandwidth with 16 warps per SM, whatever the instruction count).
-    __shared__ __align__(128) unsigned char stage_rows[CTA_WARPS][STAGES][TILE * ROW_BYTES];
-    __shared__ __align__(8) unsigned long long stage_bar[CTA_WARPS][STAGES];
-    const u32 bar0 = smem_addr(&stage_bar[warp][0]);
-    const u32 rows0 = smem_addr(&stage_rows[warp][0][0]);
-    if (lane == 0) {
-#pragma unroll
-        for (int st = 0; st < STAGES; ++st) mbar_init(bar0 + 8 * st, 1);
-        fence_mbar_init();
-    }
-    __syncwarp();
-    const int first_tile = t_begin + warp;
-    const int n_iter = first_tile < t_end ? (t_end - first_tile + CTA_WARPS - 1) / CTA_WARPS : 0;
-    // Block id of page `lane` (lanes 0-3) of the warp's k-th tile; block 0 past n_full or n_iter (any valid row:
-    // its results are masked below).
-    auto tile_block = [&](int k) -> int {
-        const int page = (first_tile + k * CTA_WARPS) * TILE + lane;
-        return (lane < TILE && k < n_iter && page < n_full) ? __ldg(table_row + page) : 0;
-    };
-    auto issue = [&](int k, int blk) {  // the warp's k-th tile into stage k % STAGES
-        const u32 bar = bar0 + 8 * (k % STAGES);
-        if (lane == 0) mbar_expect_tx(bar, TILE * ROW_BYTES);
-        __syncwarp();
-        if (lane < TILE)
-            bulk_copy(rows0 + ((k % STAGES) * TILE + lane) * ROW_BYTES,
-                      rows + ((ROW_OFFSET_T)blk * num_kv_heads + head) * ROW_BYTES, ROW_BYTES, bar);
-    };
-#pragma unroll
-    for (int k = 0; k < STAGES - 1; ++k) {
-        const int blk = tile_block(k);
-        if (k < n_iter) issue(k, blk);
-    }
-    int next_blk = tile_block(STAGES - 1);  // one tile further ahead: its copy then waits on no table load
     for (int k = 0; k < n_iter; ++k) {
         const int first = (first_tile + k * CTA_WARPS) * TILE;
         // Every lane has read stage (k - 1) % STAGES before a copy overwrites it: those reads fed the arithmetic
