@@ -148,35 +148,37 @@ def _cuobjdump(cubin: bytes, flag: str) -> str:
         return subprocess.run([tool, flag, file.name], capture_output=True, text=True, check=True).stdout
 
 
-def _largest_loop(sass: str) -> list[str]:
-    """The instructions of the kernel's largest loop body (its back-branch span), [] without a loop."""
+def _largest_loop(sass: str, skip_cold: bool = False) -> list[str]:
+    """The instructions of the kernel's largest loop body (its back-branch span), [] without a loop.
+
+    skip_cold: ignore back-branches after the last EXIT. In the CUDA scorer those are the compiler's cold paths
+    (divergent-warp fallbacks of its collective operations) jumping back into the body, and their spans are not
+    loops; a Triton kernel's own loop can close right after its last EXIT, so its reports keep them."""
     lines = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    # Back-branches after the last EXIT are the compiler's cold paths (divergent-warp fallbacks of collective
-    # operations) jumping back into the body; their spans are not loops of the kernel.
     last_exit = max((addr for addr, text in lines if re.search(r"\bEXIT\b", text)), default=None)
     loops = [(int(t[1], 16), addr) for addr, text in lines
              if (t := re.search(r"\bBRA\b[^`]*?0x([0-9a-f]+)", text)) and int(t[1], 16) < addr
-             and (last_exit is None or addr < last_exit)]
+             and not (skip_cold and last_exit is not None and addr > last_exit)]
     if not loops:
         return []
     first, last = max(loops, key=lambda span: span[1] - span[0])
     return [text for addr, text in lines if first <= addr <= last]
 
 
-def loop_opcodes(sass: str) -> dict[str, int]:
+def loop_opcodes(sass: str, skip_cold: bool = False) -> dict[str, int]:
     """Opcode counts (predicates and modifiers dropped) in the largest loop body, most frequent first:
     which kind of work a tile spends its issue slots on (e.g. the scorer's int4 decode: LOP3, PRMT, HADD2)."""
     counts: dict[str, int] = {}
-    for text in _largest_loop(sass):
+    for text in _largest_loop(sass, skip_cold):
         op = re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0]
         counts[op] = counts.get(op, 0) + 1
     return dict(sorted(counts.items(), key=lambda item: -item[1]))
 
 
-def loop_profile(sass: str) -> tuple[int, int, int, int]:
+def loop_profile(sass: str, skip_cold: bool = False) -> tuple[int, int, int, int]:
     """(instructions, local-memory spill accesses, global loads, tensor-core mma) in the body of the kernel's
     largest loop, per thread per iteration: its issue budget and how many memory requests each iteration waits on."""
-    body = _largest_loop(sass)
+    body = _largest_loop(sass, skip_cold)
     if not body:
         return 0, 0, 0, 0
     return (len(body), sum(bool(re.search(r"\b(STL|LDL)", text)) for text in body),
@@ -206,9 +208,10 @@ def cuda_score_report(rows_per_lane: int, rows_under_4gib: bool = True, rc: RowC
     cubin = _cuda_score.compile_cubin(_cuda_score.compile_options(rc, rows_under_4gib, rows_per_lane))
     usage = re.search(r"REG:(\d+) STACK:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
     sass = _cuobjdump(cubin, "-sass")
-    instructions, spills, loads, mma = loop_profile(sass)
+    instructions, spills, loads, mma = loop_profile(sass, skip_cold=True)
     return {"registers": int(usage[1]), "stack_bytes": int(usage[2]), "loop_instructions": instructions,
-            "loop_spill_accesses": spills, "loop_global_loads": loads, "loop_mma": mma, "loop_opcodes": loop_opcodes(sass)}
+            "loop_spill_accesses": spills, "loop_global_loads": loads, "loop_mma": mma,
+            "loop_opcodes": loop_opcodes(sass, skip_cold=True)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -61,3 +61,22 @@ def test_loop_opcodes_count_the_largest_loop_only():
     assert loop_opcodes(sass) == {"LOP3": 1, "PRMT": 1, "HMMA": 1, "LDG": 1, "BRA": 1}
     assert loop_profile(sass) == (5, 0, 1, 1)
     assert loop_opcodes("        /*0000*/                   EXIT ;") == {}
+
+
+def test_cold_back_branches_after_the_last_exit_are_skipped_on_request():
+    """The CUDA scorer's divergent-warp fallbacks sit after its last EXIT and branch back into the body: their
+    span is not a loop. A Triton loop can close right after its last EXIT, so only the CUDA report skips them."""
+    from locks_toolkit.harness.lab.compile_report import loop_profile
+
+    sass = "\n".join([
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+        "        /*0010*/                   LDG.E R2, desc[UR4][R4.64] ;",
+        "        /*0020*/                   IMMA.16832.S8.U8 R8, R12.ROW, R6.COL, R8 ;",  # the loop: 0x20 .. 0x30
+        "        /*0030*/              @P0 BRA 0x20 ;",
+        "        /*0040*/                   EXIT ;",
+        "        /*0050*/                   WARPSYNC.COLLECTIVE R1, 0x60 ;",  # a cold path back into the body
+        "        /*0060*/                   BRA 0x10 ;",
+    ])
+    assert loop_profile(sass, skip_cold=True) == (2, 0, 0, 1)
+    assert loop_profile(sass) == (6, 0, 1, 1)
+
