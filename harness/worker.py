@@ -242,7 +242,7 @@ def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, weights: dict
     """batch_prefill once: prefill the largest batch that fits, measure it, then keep the last b requests
     for each smaller batch (largest first) and measure again; one prefill per engine. The last requests are
     the ones prefilled last: under chunked prefill the first ones decode while the later chunks run (at 32K x
-    32, 16K-token chunks, the first request had ~60 tokens more than the plan's room, and the batch-1 cell's
+    32 in 16K-token chunks, the first request outran the plan's room by ~50 tokens, and the batch-1 cell's
     last window ran out of positions).
 
     A batch fits when its requests, with everything they will have decoded by the end of its cell, fit in

@@ -424,7 +424,8 @@ CUDA_CASES = [
     SelectCase((16 * 97 + 9, 16 * 33), group=12, head_dim=128, page_budget=11, num_kv_heads=3, combine="group_max"),
     SelectCase((16 * 150 + 2,), group=1, head_dim=128, page_budget=17, num_kv_heads=4, combine="group_mass"),
     SelectCase((16 * 400 + 5,), group=16, head_dim=128, page_budget=30, num_kv_heads=2, page_noise=1e-2),
-    # G <= 8 (one head per lane, four byte pieces of q): the GLM-4-9B geometry, then an odd group with outliers
+    # G <= 8 (one head per lane, four byte pieces of q): the GLM-4-9B geometry and an odd group with outliers;
+    # then G = 16 (three byte pieces) with outliers
     SelectCase((16 * 1031 + 5, 16 * 77 + 1), group=8, head_dim=128, page_budget=64, num_kv_heads=4),
     SelectCase((16 * 211 + 13, 16 * 40), group=5, head_dim=128, page_budget=9, num_kv_heads=2, query_spread=1.5),
     SelectCase((16 * 90 + 3,), group=16, head_dim=128, page_budget=12, num_kv_heads=1, query_spread=1.5),

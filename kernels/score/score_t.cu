@@ -11,11 +11,12 @@
 //
 // Query: per head, X = q / 2^e in 32-bit fixed point (e from the head's largest |q|: every bf16 element within
 // 2^23 of it is exact), split into four signed bytes X = 2^24 p3 + 2^16 p2 + 2^8 p1 + p0 (24 bits, three bytes,
-// where G > 8: then every element within 2^15 of the largest is exact, the rest rounded by at most 2^-24 of it). The int8 mma then
-// reads the int4 codes and the int8 centroids as they are stored: a nibble needs one LOP3 to become a byte
-// operand (the bf16 mma needed a LOP3, an HFMA2 and a shift per two nibbles). Two bytes (16 bits) were off the
-// fp64 reference by up to 1e-2 where a head's |q| spans 1e5 (outlier dims); three leave two rows of every
-// other mma zero, and the compiler rebuilt those register quads before each mma.
+// where G > 8: then every element within 2^15 of the largest is exact, the rest rounded by at most 2^-24 of it;
+// with |q| spread over decades that is up to ~7e-5 of a score, docs/results/archive/fixed-point-query-emulation-*).
+// The int8 mma then reads the int4 codes and the int8 centroids as they are stored: a nibble needs one LOP3 to
+// become a byte operand (the bf16 mma needed a LOP3, an HFMA2 and a shift per two nibbles). Two bytes (16 bits)
+// were off the fp64 reference by up to 1e-2 where a head's |q| spans decades (outlier dims); three at G <= 8
+// leave two rows of every other mma zero, and the compiler rebuilt those register quads before each mma.
 // Dims: a k-step's 32 K slots are any 32 dims, provided the A operand (q) and the B operands (basis, centroid)
 // agree. Lane t holds dims 32t .. 32t + 31 of every operand: one 16-byte load per basis column. In k-step j
 // (j = 0..3), slot 4t + i is dim 32t + 8j + 2i and slot 16 + 4t + i is dim 32t + 8j + 2i + 1, which is exactly
