@@ -150,7 +150,7 @@ def score_select_workspace(
         low_hist=torch.zeros((pairs, 1 << _sel.LOW_BITS), dtype=torch.int32, device=device),  # kept zero between calls
         cand_low=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
         cand_page=torch.empty((pairs, max_pages), dtype=torch.int32, device=device),
-        counts=torch.zeros((pairs, 2 * _ss.MAX_CHUNKS + 2), dtype=torch.int32, device=device),  # [:, C], [:, 2C+1] kept zero
+        counts=torch.zeros((pairs, _sel.counts_width(_ss.MAX_CHUNKS)), dtype=torch.int32, device=device),  # see _count_row
     )
 
 
@@ -278,7 +278,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
 def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget,
                    tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING) -> None:
     """The selection launches of score_select after the score kernel (`tuning.select_path`: one
-    launch, topk_one.py, or four, topk.py; arguments already checked), over
+    launch, select/one.py, or three, select/four.py; arguments already checked), over
     min(score_chunks, tuning.select_chunks) chunks per pair. The kernel bench times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
@@ -297,21 +297,19 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
         )
         return
     _sel._keys_kernel[(pairs, chunks)](
-        ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, seq_lens, *sizes, score_chunks,
-        num_warps=_sel.KEYS_WARPS, PDL=tuning.pdl, launch_pdl=tuning.pdl, **keys,
+        ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, seq_lens, *sizes, score_chunks,
+        num_warps=_sel.KEYS_WARPS, **keys, **pick,
     )
+    pdl = dict(PDL=tuning.pdl, launch_pdl=tuning.pdl)
     _sel._gather_kernel[(pairs, chunks)](
-        ws.keys, ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
-        BLOCK=_sel.KEYS_BLOCK, WINDOW=_sel.AGG_WINDOW, num_warps=_sel.KEYS_WARPS, **common, **pick,
+        ws.keys, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
+        B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, BLOCK=_sel.KEYS_BLOCK, LOW_BITS=_sel.LOW_BITS, WINDOW=_sel.AGG_WINDOW,
+        num_warps=_sel.KEYS_WARPS, **pdl,
     )
-    final = dict(K_PAD=next_pow2(page_budget), CHUNKS_PAD=next_pow2(chunks))
     _sel._resolve_kernel[(pairs, chunks)](
-        ws.hist, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
-        BLOCK=_sel.KEYS_BLOCK, num_warps=_sel.KEYS_WARPS, **common, **pick,
-    )
-    _sel._finalize_kernel[(pairs,)](
-        ws.hist, ws.low_hist, ws.counts, ws.cand_page, seq_lens, selected_pages, *sizes,
-        num_warps=_sel.FINAL_WARPS, **final, **common, **pick,
+        ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
+        B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, BLOCK=_sel.KEYS_BLOCK, K_PAD=next_pow2(page_budget),
+        CHUNKS_PAD=next_pow2(chunks), num_warps=_sel.FINAL_WARPS, **pdl,
     )
 
 

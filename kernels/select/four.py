@@ -1,6 +1,6 @@
 """Group combine + top-(k-2) page selection of score_select: the key and histogram helpers every path
-uses, and the four-launch path (`ScoreTuning.select_path="four"`, the backend's choice on wide block
-tables); the one-launch path is topk_one.py.
+uses, and the chunked path (`ScoreTuning.select_path="four"`, the backend's choice on wide block
+tables: three launches after the score kernel); the one-launch path is one.py.
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`.
 
@@ -10,20 +10,22 @@ all <= 0; the reference's order) as 23-bit fixed point, 2^-17 steps over [-64, 0
 1e-5 tie tolerance) tie. Ties go to the lower page id, as exact ties do in the reference.
 
 Top-(k-2) by a two-level radix select (13 + 10 bits) in which every pass over pages or candidates is
-spread over (pair, chunk) programs; only the last kernel is one program per (sequence, KV head), and
-its work is O(chunks + k) whatever the key distribution. (The previous resolution walked all
-candidates of the threshold bin in one program: with flat attention every page is a candidate, and it
-took 473 us per layer at 128K on the H200 against 31 us on random queries.)
-2. `_keys_kernel`: merges the score kernel's chunk normalizers, writes the keys, and adds their top 13
-   bits to the pair's histogram.
-3. `_gather_kernel`: threshold bin b1 from the finished histogram; pages above it go to the output
-   (atomic slot counter, unordered), pages in it to the chunk's candidate list (page order, inside
-   the chunk's own page range) and their low 10 bits to the pair's second histogram.
-4. `_resolve_kernel`: threshold b2 of the low bits; candidates above it go to the output, ties
-   (low == b2) stay in the chunk's list, compacted in place, and are counted.
-5. `_finalize_kernel`: the first `need` ties in chunk order (= page order), sink and recent, sorted
-   ascending; zeroes both histograms and the slot counter for the next call. Pages <= k: every page,
-   -1 padded (the dense fallback, decided on the device).
+spread over (pair, chunk) programs. Each launch ends with the pair's last program to arrive (one
+acq_rel counter; no program waits for another, so the grid needs no co-residency) doing the pair's
+serial step once, whose result the next launch reads: a threshold pick, or the final row, O(chunks + k)
+whatever the key distribution. (A resolution that walked all candidates of the threshold bin in one
+program took 473 us per layer at 128K on the H200 with flat attention against 31 us on random queries.)
+1. `_keys_kernel`: merges the score kernel's chunk normalizers, writes the keys, and adds their top 13
+   bits to the pair's histogram; last program: threshold bin b1 (and the pages still needed from it),
+   histogram zeroed.
+2. `_gather_kernel`: pages above b1 go to the output (atomic slot counter, unordered), pages in it to
+   the chunk's candidate list (page order, inside the chunk's own page range) and their low 10 bits to
+   the pair's second histogram; last program: low-bit threshold b2 (and the ties still needed), second
+   histogram zeroed.
+3. `_resolve_kernel`: candidates above b2 go to the output, ties (low == b2) stay in the chunk's list,
+   compacted in place, and are counted; last program: the first `need` ties in chunk order (= page
+   order), sink and recent, sorted ascending; the slot counter zeroed. Pages <= k: every page, -1
+   padded (the dense fallback, decided on the device).
 Histogram atomics are pre-aggregated per block when the block's digits span < 64 bins (a flat
 distribution would otherwise send every lane's atomic to one address).
 """
@@ -37,17 +39,25 @@ from ..triton_common import enter_dependent
 
 KEYS_BLOCK = 512  # pages per iteration of the key, gather and resolve kernels
 KEYS_WARPS = 8
-FINAL_WARPS = 8  # its [k, chunks] tie lookup is up to 16K elements: 4 warps sat at 255 registers
+FINAL_WARPS = 8  # the resolve kernel's: its last program's [k, chunks] tie lookup is up to 16K elements (4 warps: 255 registers)
 HIST_BINS = 8192  # top 13 of the 23 key bits
 # Each pair's histogram row also holds COARSE_BINS counts of the digits' top 6 bits (after the 8192),
 # so a threshold pick reads 64 + 128 counts instead of scanning 8192: the gather, resolve and finalize
 # programs each repeated that scan (H200: ~5-8 us per launch at 128K bs1, growing with the chunk count).
 COARSE_BINS = 64
 HIST_ROW = HIST_BINS + COARSE_BINS
+_COUNTS_TAIL = tl.constexpr(6)  # a counts row past its 2C per-chunk counts: slot counter, arrivals, four picks
 _COARSE = tl.constexpr(COARSE_BINS)
 LOW_BITS = 10  # resolved by the second histogram
 KEY_STEPS_PER_UNIT = 1 << 17  # fixed-point steps per unit of log share
 AGG_WINDOW = 64  # digit span below which a block counts locally before its atomics
+
+
+def counts_width(max_chunks: int) -> int:
+    """Ints per pair of the counts workspace (`_count_row`)."""
+    return 2 * max_chunks + _COUNTS_TAIL.value
+
+
 COMBINE_CODES = {"share_average": 0, "group_max": 1, "group_mass": 2}
 
 
@@ -68,11 +78,13 @@ def _pick_top_bin(row_ptr, need, NB: tl.constexpr, COARSE_PICK: tl.constexpr):
     instead of NB, one more dependent load); else from all NB counts."""
     if COARSE_PICK:
         FINE: tl.constexpr = NB // _COARSE
-        coarse_bin, need_in_bin = _pick_bin(tl.load(row_ptr + NB + tl.arange(0, _COARSE)), need, _COARSE)
-        fine_bin, rest = _pick_bin(tl.load(row_ptr + coarse_bin * FINE + tl.arange(0, FINE)), need_in_bin, FINE)
+        coarse = tl.load(row_ptr + NB + tl.arange(0, _COARSE), cache_modifier=".cg")
+        coarse_bin, need_in_bin = _pick_bin(coarse, need, _COARSE)
+        fine = tl.load(row_ptr + coarse_bin * FINE + tl.arange(0, FINE), cache_modifier=".cg")
+        fine_bin, rest = _pick_bin(fine, need_in_bin, FINE)
         picked = coarse_bin * FINE + fine_bin
     else:
-        picked, rest = _pick_bin(tl.load(row_ptr + tl.arange(0, NB)), need, NB)
+        picked, rest = _pick_bin(tl.load(row_ptr + tl.arange(0, NB), cache_modifier=".cg"), need, NB)
     return picked, rest
 
 
@@ -113,13 +125,14 @@ def _chunk_range(num_pages, chunk, num_chunks):
 
 @triton.jit
 def _keys_kernel(
-    scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, seq_lens_ptr,
+    scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, counts_ptr, seq_lens_ptr,
     num_kv_heads, max_pages, num_chunks, K, num_score_chunks,
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
-    SCP: tl.constexpr, PDL: tl.constexpr = False,
+    SCP: tl.constexpr, COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
 ):
-    """Group key of every contested page as a 23-bit fixed-point log share, plus its top-digit histogram.
+    """Group key of every contested page as a 23-bit fixed-point log share, plus its top-digit histogram;
+    the pair's last program picks the threshold bin b1 from it and leaves the histogram zeroed.
 
     The normalizers come from the score kernel's `num_score_chunks` chunks; this kernel's own page
     ranges (and every later kernel's) are `num_chunks` selection chunks, which may be fewer."""
@@ -128,6 +141,34 @@ def _keys_kernel(
     if num_pages > K:
         _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
                     max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
+        count_row = _count_row(counts_ptr, pair, MAXC)
+        if _last_to_arrive(count_row, num_chunks, MAXC):
+            hist_row = hist_ptr + pair * (NBINS + _COARSE)
+            b1, need = _pick_top_bin(hist_row, K - 2, NBINS, COARSE_PICK)
+            _clear_histogram_row(hist_row, NBINS)
+            tl.store(count_row + 2 * MAXC + 2, b1)
+            tl.store(count_row + 2 * MAXC + 3, need)
+
+
+@triton.jit
+def _count_row(counts_ptr, pair, MAXC: tl.constexpr):
+    """A pair's row of the counts workspace (`counts_width(MAXC)` ints): candidates per chunk [0, C), the
+    output slot counter C, ties per chunk [C+1, 2C+1), the arrival counter 2C+1, then the picks (b1, pages
+    still needed after b1's bin, b2, ties still needed) at 2C+2 .. 2C+5."""
+    return counts_ptr + pair * (2 * MAXC + _COUNTS_TAIL)
+
+
+@triton.jit
+def _last_to_arrive(count_row, num_chunks, MAXC: tl.constexpr):
+    """True in the last of the pair's `num_chunks` programs of this launch to get here, which also resets the
+    arrival counter for the next launch. Every other program's writes are visible to it: the barrier orders
+    each thread's writes before the acq_rel arrival (read other programs' plain stores with ".cg": L1 is
+    not coherent across SMs)."""
+    tl.debug_barrier()
+    last = tl.atomic_add(count_row + 2 * MAXC + 1, 1, sem="acq_rel") == num_chunks - 1
+    if last:
+        tl.store(count_row + 2 * MAXC + 1, 0)
+    return last
 
 
 @triton.jit
@@ -165,10 +206,17 @@ def _chunk_keys(
         offset = 0.0
     first, last = _chunk_range(num_pages, chunk, num_chunks)
     score_rows = scores_ptr + pair.to(tl.int64) * max_pages * GS
+    lane = tl.arange(0, BLOCK)
+    # Each block's scores are loaded one iteration ahead: waiting on a block's own loads was ~40% of the
+    # kernel's stall samples (ncu, 1M bs1, one block of 8 warps per SM).
+    sc = tl.load(score_rows + (first + lane)[:, None] * GS + g[None, :],
+                 mask=((first + lane) < last)[:, None] & gm[None, :], other=float("-inf"))
     for start in range(first, last, BLOCK):
-        page = start + tl.arange(0, BLOCK)
+        page = start + lane
         pm = page < last
-        sc = tl.load(score_rows + page[:, None] * GS + g[None, :], mask=pm[:, None] & gm[None, :], other=float("-inf"))
+        ahead = page + BLOCK
+        sc_next = tl.load(score_rows + ahead[:, None] * GS + g[None, :], mask=(ahead < last)[:, None] & gm[None, :],
+                          other=float("-inf"))
         if RULE == 2:
             x = sc
         else:  # log share per head; -inf (share 0) for heads without shares, as in the reference
@@ -190,62 +238,81 @@ def _chunk_keys(
         hist_row = hist_ptr + pair * (NBINS + _COARSE)
         _add_to_histogram(hist_row, digit, pm, WINDOW, NBINS)
         _add_to_histogram(hist_row + NBINS, digit // (NBINS // _COARSE), pm, _COARSE, _COARSE)
+        sc = sc_next
 
 
 @triton.jit
 def _gather_kernel(
-    keys_ptr, hist_ptr, low_hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
+    keys_ptr, low_hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, num_chunks, K,
-    B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
-    WINDOW: tl.constexpr, COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
+    B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, LOW_BITS: tl.constexpr,
+    WINDOW: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Pages above the threshold bin go to the output; pages inside it become the chunk's candidates."""
+    """Pages above the threshold bin go to the output; pages inside it become the chunk's candidates. The
+    pair's last program picks the low-bit threshold b2 and leaves the low histogram zeroed."""
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
-        b1, _ = _pick_top_bin(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
+        count_row = _count_row(counts_ptr, pair, MAXC)
+        b1 = tl.load(count_row + 2 * MAXC + 2)
         first, last = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages
         out_row = out_ptr + pair.to(tl.int64) * K
-        count_row = counts_ptr + pair * (2 * MAXC + 2)
+        low_row = low_hist_ptr + pair * (1 << LOW_BITS)
+        lane = tl.arange(0, BLOCK)
+        tl.static_assert(BLOCK < 65536)  # both counts of a block in one reduction, 16 bits each
         n_cand = 0
+        u = tl.load(keys_ptr + row + first + lane, mask=first + lane < last, other=0)  # a block ahead, as the keys
         for start in range(first, last, BLOCK):
-            page = start + tl.arange(0, BLOCK)
+            page = start + lane
             pm = page < last
-            u = tl.load(keys_ptr + row + page, mask=pm, other=0)
+            u_next = tl.load(keys_ptr + row + page + BLOCK, mask=page + BLOCK < last, other=0)
             digit = u >> LOW_BITS
             above = pm & (digit > b1)
             inside = pm & (digit == b1)
-            n_up = tl.sum(above.to(tl.int32), axis=0)
+            counts = tl.sum(above.to(tl.int32) + (inside.to(tl.int32) << 16), axis=0)
+            n_up = counts & 0xFFFF
+            n_in = counts >> 16
             if n_up > 0:  # fewer than k - 2 pages in all: the counter sees few atomics
                 base = tl.atomic_add(count_row + MAXC, n_up, sem="relaxed")
                 tl.store(out_row + 1 + base + tl.cumsum(above.to(tl.int32), axis=0) - 1, page, mask=above)
-            low = u & ((1 << LOW_BITS) - 1)
-            pos = first + n_cand + tl.cumsum(inside.to(tl.int32), axis=0) - 1
-            tl.store(cand_low_ptr + row + pos, low, mask=inside)
-            tl.store(cand_page_ptr + row + pos, page, mask=inside)
-            _add_to_histogram(low_hist_ptr + pair * (1 << LOW_BITS), low, inside, WINDOW, 1 << LOW_BITS)
-            n_cand += tl.sum(inside.to(tl.int32), axis=0)
+            if n_in > 0:  # real attention leaves most blocks without a page of the threshold bin
+                low = u & ((1 << LOW_BITS) - 1)
+                pos = first + n_cand + tl.cumsum(inside.to(tl.int32), axis=0) - 1
+                tl.store(cand_low_ptr + row + pos, low, mask=inside)
+                tl.store(cand_page_ptr + row + pos, page, mask=inside)
+                _add_to_histogram(low_row, low, inside, WINDOW, 1 << LOW_BITS)
+            n_cand += n_in
+            u = u_next
         tl.store(count_row + chunk, n_cand)
+        if _last_to_arrive(count_row, num_chunks, MAXC):
+            bins = tl.arange(0, 1 << LOW_BITS)
+            low_hist = tl.load(low_row + bins, cache_modifier=".cg")
+            b2, need = _pick_bin(low_hist, tl.load(count_row + 2 * MAXC + 3), 1 << LOW_BITS)
+            tl.store(low_row + bins, tl.zeros([1 << LOW_BITS], tl.int32))  # each lane zeroes the counts it read
+            tl.store(count_row + 2 * MAXC + 4, b2)
+            tl.store(count_row + 2 * MAXC + 5, need)
 
 
 @triton.jit
 def _resolve_kernel(
-    hist_ptr, low_hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
+    counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, num_chunks, K,
-    B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr,
-    COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
+    B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, K_PAD: tl.constexpr,
+    CHUNKS_PAD: tl.constexpr = 128,  # >= num_chunks (a power of two)
+    PDL: tl.constexpr = False,
 ):
-    """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list."""
+    """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list;
+    the pair's last program takes the first ties it still needs and writes the sorted row. Pages <= k:
+    every page, -1 padded (the dense fallback, decided on the device)."""
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
+    out_row = out_ptr + pair.to(tl.int64) * K
     if num_pages > K:
-        _, need = _pick_top_bin(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
-        b2, _ = _pick_bin(tl.load(low_hist_ptr + pair * (1 << LOW_BITS) + tl.arange(0, 1 << LOW_BITS)), need, 1 << LOW_BITS)
+        count_row = _count_row(counts_ptr, pair, MAXC)
+        b2 = tl.load(count_row + 2 * MAXC + 4)
         first, _ = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages + first
-        out_row = out_ptr + pair.to(tl.int64) * K
-        count_row = counts_ptr + pair * (2 * MAXC + 2)
         n_cand = tl.load(count_row + chunk)
         n_tie = 0
         for start in range(0, n_cand, BLOCK):
@@ -264,19 +331,11 @@ def _resolve_kernel(
             tl.store(cand_page_ptr + row + n_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1, page, mask=tie)
             n_tie += tl.sum(tie.to(tl.int32), axis=0)
         tl.store(count_row + MAXC + 1 + chunk, n_tie)
-
-
-@triton.jit
-def _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B: tl.constexpr, K_PAD: tl.constexpr):
-    """(pair, pages, output row, slots, sparse) of a one-program-per-pair kernel. With pages <= k the
-    dense fallback (every page, -1 padded; decided on the device) is written here and `sparse` is False."""
-    pair, _, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
-    out_row = out_ptr + pair.to(tl.int64) * K
-    slot = tl.arange(0, K_PAD)
-    sparse = num_pages > K
-    if not sparse:
+        if _last_to_arrive(count_row, num_chunks, MAXC):
+            _finish_pair(count_row, cand_page_ptr, pair, num_pages, out_row, max_pages, num_chunks, K,
+                         MAXC, K_PAD, CHUNKS_PAD)
+    elif chunk == 0:
         _dense_row(out_row, num_pages, K, K_PAD)
-    return pair, num_pages, out_row, slot, sparse
 
 
 @triton.jit
@@ -284,23 +343,6 @@ def _dense_row(out_row, num_pages, K, K_PAD: tl.constexpr):
     """Pages <= k: every page, -1 padded (the dense fallback, decided on the device)."""
     slot = tl.arange(0, K_PAD)
     tl.store(out_row + slot, tl.where(slot < num_pages, slot, -1), mask=slot < K)
-
-
-@triton.jit
-def _take_histogram(row_ptr, NB: tl.constexpr):
-    """A pair's histogram, left zeroed for the next call."""
-    bins = tl.arange(0, NB)
-    hist = tl.load(row_ptr + bins)
-    tl.store(row_ptr + bins, tl.zeros([NB], tl.int32))
-    return hist
-
-
-@triton.jit
-def _take_top_pick(row_ptr, need, NB: tl.constexpr, COARSE_PICK: tl.constexpr):
-    """`_pick_top_bin` of a pair's histogram row, which is then left zeroed (fine and coarse counts)."""
-    picked, rest = _pick_top_bin(row_ptr, need, NB, COARSE_PICK)
-    _clear_histogram_row(row_ptr, NB)
-    return picked, rest
 
 
 @triton.jit
@@ -312,37 +354,18 @@ def _clear_histogram_row(row_ptr, NB: tl.constexpr):
 
 
 @triton.jit
-def _finalize_kernel(
-    hist_ptr, low_hist_ptr, counts_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
-    num_kv_heads, max_pages, num_chunks, K,
-    B: tl.constexpr, MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr,
-    COARSE_PICK: tl.constexpr = True, CHUNKS_PAD: tl.constexpr = 128,  # >= num_chunks (a power of two)
-    PDL: tl.constexpr = False,
+def _finish_pair(
+    count_row, cand_page_ptr, pair, num_pages, out_row, max_pages, num_chunks, K,
+    MAXC: tl.constexpr, K_PAD: tl.constexpr, CHUNKS_PAD: tl.constexpr,
 ):
-    """The first `need` ties in page order + sink + recent, ascending; resets the scratch for the next call."""
-    enter_dependent(PDL)
-    pair, num_pages, out_row, _, sparse = _open_pair_row(seq_lens_ptr, out_ptr, num_kv_heads, K, B, K_PAD)
-    if sparse:
-        _finalize_pair(hist_ptr, low_hist_ptr, counts_ptr + pair * (2 * MAXC + 2), cand_page_ptr, pair, num_pages, out_row,
-                       max_pages, num_chunks, K, MAXC, NBINS, LOW_BITS, K_PAD, COARSE_PICK, CHUNKS_PAD)
-
-
-@triton.jit
-def _finalize_pair(
-    hist_ptr, low_hist_ptr, count_row, cand_page_ptr, pair, num_pages, out_row, max_pages, num_chunks, K,
-    MAXC: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, K_PAD: tl.constexpr, COARSE_PICK: tl.constexpr,
-    CHUNKS_PAD: tl.constexpr,
-):
-    """One sparse pair's last step: the first `need` ties in page order + sink + recent, ascending; its
-    histograms and slot counter are left zeroed for the next call."""
+    """One sparse pair's last step: the first `need` ties in page order + sink + recent, ascending; the slot
+    counter is left zeroed for the next call. Other programs' writes are read with ".cg"."""
     slot = tl.arange(0, K_PAD)
-    _, need = _take_top_pick(hist_ptr + pair * (NBINS + _COARSE), K - 2, NBINS, COARSE_PICK)
-    low_hist = _take_histogram(low_hist_ptr + pair * (1 << LOW_BITS), 1 << LOW_BITS)
-    _, need = _pick_bin(low_hist, need, 1 << LOW_BITS)
-    n_above = tl.load(count_row + MAXC)
+    need = tl.load(count_row + 2 * MAXC + 5)
+    n_above = tl.load(count_row + MAXC, cache_modifier=".cg")
     tl.store(count_row + MAXC, 0)  # the slot counter starts at zero on the next call
     ch = tl.arange(0, CHUNKS_PAD)
-    ties = tl.load(count_row + MAXC + 1 + ch, mask=ch < num_chunks, other=0)
+    ties = tl.load(count_row + MAXC + 1 + ch, mask=ch < num_chunks, other=0, cache_modifier=".cg")
     tie_end = tl.cumsum(ties, axis=0)  # inclusive: ties in chunks 0..c
     # Slot j < need takes tie number j in chunk order: chunk c = #chunks whose ties end at or before j.
     done = tie_end[None, :] <= slot[:, None]  # [K_PAD, CHUNKS_PAD]
@@ -351,10 +374,10 @@ def _finalize_pair(
     chunk_first = _chunk_range(num_pages, c, num_chunks)[0]
     take = slot < need
     pos = chunk_first + slot - c_start
-    page = tl.load(cand_page_ptr + pair.to(tl.int64) * max_pages + pos, mask=take, other=0)
+    page = tl.load(cand_page_ptr + pair.to(tl.int64) * max_pages + pos, mask=take, other=0, cache_modifier=".cg")
     tl.store(out_row + 1 + n_above + slot, page, mask=take)
     tl.store(out_row, 0)
     tl.store(out_row + K - 1, num_pages - 1)  # the recent page
     tl.debug_barrier()
-    row = tl.load(out_row + slot, mask=slot < K, other=2147483647)
+    row = tl.load(out_row + slot, mask=slot < K, other=2147483647, cache_modifier=".cg")
     tl.store(out_row + slot, tl.sort(row), mask=slot < K)

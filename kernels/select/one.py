@@ -1,19 +1,19 @@
 """Group combine + top-(k-2) page selection in ONE launch after the score kernel (`select_path="one"`;
 the backend's `select="auto"` runs it on block tables up to config.AUTO_ONE_LAUNCH_MAX_PAGES wide and
-topk.py's four launches on wider ones: in the 40-layer engine this path wins at 32K and loses at 64K and
+four.py's chunked launches on wider ones: in the 40-layer engine this path wins at 32K and loses at 64K and
 128K, where its last program's serial tail, started with cold caches, costs more than three parallel
 launches; see docs/decisions.md).
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`;
-keys, histogram and tie rule are topk.py's (23-bit fixed-point log shares, ties to the lower page id).
+keys, histogram and tie rule are four.py's (23-bit fixed-point log shares, ties to the lower page id).
 
 `_keys_select_kernel`, grid (S * Hkv, chunks): every program computes the keys of its chunk and adds
-their top 13 bits to the pair's histogram (topk.py `_chunk_keys`), then arrives at the pair's counter.
+their top 13 bits to the pair's histogram (four.py `_chunk_keys`), then arrives at the pair's counter.
 The program that arrives last (it alone sees count = chunks - 1; no program ever waits, so the grid
 needs no co-residency and the interpreter's one-program-at-a-time order works) reads threshold bin b1
 and the count still needed from it from the finished histogram (coarse pick), then selects in two
-short loops over the keys (`_select_by_loops`). This replaces topk.py's three launches after the keys
-(gather, resolve, finalize), each ~4-6 µs at bs1 on the H200 whatever the context.
+short loops over the keys (`_select_by_loops`). This replaces four.py's two launches after the keys
+(gather, resolve), each ~4-6 µs at bs1 on the H200 whatever the context.
 
 Memory order: each program's stores and histogram atomics, then a CTA barrier, then one acq_rel
 atomic on the counter (Triton issues a scalar atomic from one thread): the CUTLASS semaphore pattern.
@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ..triton_common import enter_dependent
-from .four import _COARSE, _chunk_keys, _clear_histogram_row, _dense_row, _pick_top_bin, _program_pages
+from .four import _COARSE, _chunk_keys, _clear_histogram_row, _count_row, _dense_row, _pick_top_bin, _program_pages
 
 # Warps of the one-launch kernel. Chained after the score kernel layer by layer (H200, 128K bs1, engine
 # table width) 16 warps took 48.8 / 49.6 µs of score + select (flat / random keys) against 49.5 / 52.4 at
@@ -159,7 +159,7 @@ def _keys_select_kernel(
         _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
                     max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
         tl.debug_barrier()  # every thread's keys and counts are issued before the arrival
-        counter = counts_ptr + pair * (2 * MAXC + 2) + MAXC
+        counter = _count_row(counts_ptr, pair, MAXC) + MAXC
         if tl.atomic_add(counter, 1, sem="acq_rel") == num_chunks - 1:
             hist_row = hist_ptr + pair * (NBINS + _COARSE)
             b1, need_in = _pick_top_bin(hist_row, K - 2, NBINS, COARSE_PICK)

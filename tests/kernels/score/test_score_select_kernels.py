@@ -229,8 +229,12 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
         picks.append(selected.cpu())
     assert all(torch.equal(p, picks[0]) for p in picks[1:]), picks
     assert int(ws.hist.abs().sum()) == 0 and int(ws.low_hist.abs().sum()) == 0
-    slot_counter = ws.counts.shape[1] // 2 - 1  # counts [R, 2C + 2]: [:, C] slot counter and arrivals
-    assert int(ws.counts[:, slot_counter].abs().sum()) == 0
+    from locks_toolkit.kernels.score.pages import MAX_CHUNKS
+    from locks_toolkit.kernels.select.four import counts_width
+
+    assert ws.counts.shape[1] == counts_width(MAX_CHUNKS)
+    assert int(ws.counts[:, MAX_CHUNKS].abs().sum()) == 0  # the slot counter (and the one-launch arrivals)
+    assert int(ws.counts[:, 2 * MAX_CHUNKS + 1].abs().sum()) == 0  # the chunked path's arrivals
 
 
 @pytest.mark.parametrize("device", DEVICES)
