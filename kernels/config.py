@@ -84,9 +84,10 @@ class SummaryFormat:
         return self.name
 
 
-# The Triton selection kernels after the score kernel (kernels/triton/score_select.ScoreTuning.select_path):
-# "one" (keys, then the pair's last program selects: topk_one.py) and "four" (keys, gather, resolve,
-# finalize: topk.py). Both select the same pages.
+# The Triton selection kernels after the score kernel (kernels/score/pages.ScoreTuning.select_path):
+# "one" (keys, then the pair's last program selects: select/one.py) and "four", the chunked path (keys,
+# gather, resolve: select/four.py; four launches when the crossover below was measured, three since
+# 02af4ae, 4-5 µs a layer faster at 512K-1M: the crossover is not re-measured). Both select the same pages.
 SELECT_PATHS: tuple[str, ...] = ("one", "four")
 # The backend's `select` setting: a path, or "auto" (the default), which picks one per engine from its
 # block-table width (its max_model_len / 16). The one-launch path's last program works alone through every

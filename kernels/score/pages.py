@@ -1,4 +1,4 @@
-"""Page scoring for score_select (locks.md §2): its first launch; combine + top-k follow (topk_one.py, topk.py).
+"""Page scoring for score_select (locks.md §2): its first launch; combine + top-k follow (select/one.py, select/four.py).
 
 Reference: `reference.score.summary_page_scores` over the scored pages (`config.scored_pages`: every
 page before the recent one).
@@ -44,7 +44,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 P_TILE = 4  # pages per tile (the dots' M is P * next_pow2(r))
 MAX_CHUNKS = 512  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
 SCORE_CHUNKS = 512  # the default cap: every program slot of a bs1 launch of one-warp programs (4 KV heads: 528)
-# Selection chunks per pair at most (topk.py kernels 2-5). Its last pass is O(chunks + k): on the H200
+# Selection chunks per pair at most (select/four.py's launches). Its last pass is O(chunks + k): on the H200
 # (2026-11-29, 128K bs1, coarse picks) selection took 21.9 us over 32 chunks, 23.4 over 64 and 28.6 over
 # 128, so it stays at 32 while the score grid fills every program slot.
 SELECT_CHUNKS = 32
@@ -90,14 +90,14 @@ class ScoreTuning:
     # cuda: the CUDA kernel (kernels/score/score_t.cu) where `kernels.cuda.score.fits` accepts the call (r8i4,
     # d = 128, bf16 q, G <= 16, sm_90); the kernel this tuning otherwise names runs elsewhere.
     cuda: bool = False
-    # Selection after the score kernel (config.SELECT_PATHS): "four" (topk.py: keys, gather, resolve,
-    # finalize) or "one" (topk_one.py: keys per chunk, the pair's last program selects). Alone in a graph on
+    # Selection after the score kernel (config.SELECT_PATHS): "four" (select/four.py: keys, gather,
+    # resolve) or "one" (select/one.py: keys per chunk, the pair's last program selects). Alone in a graph on
     # the H200 (bs1) "one" took 11.2 / 17.8 µs at 32K / 128K against 19.1 / 19.7; in the 40-layer engine it
     # wins at 32K and loses at 128K, so the backend picks by table width (`config.select_path_for`); this
     # kernel-level default stays "four".
     select_path: str = "four"
-    tail_block: int | None = None  # keys per step of the one-launch path's tail (twice that on long contexts); None: topk_one.LOOP_BLOCK
-    select_warps: int | None = None  # warps of the one-launch kernel; None: topk_one.SELECT_WARPS
+    tail_block: int | None = None  # keys per step of the one-launch path's tail (twice that on long contexts); None: one.LOOP_BLOCK
+    select_warps: int | None = None  # warps of the one-launch kernel; None: one.SELECT_WARPS
     # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):
     # each kernel's programs are scheduled while the previous one finishes. In the vLLM pair (H200)
     # within 1% at 32K and no gain at 128K, so off.
@@ -108,7 +108,7 @@ class ScoreTuning:
     # them, so the default fills every slot (the grid is still capped at slots // pairs).
     max_chunks: int = SCORE_CHUNKS
     select_chunks: int = SELECT_CHUNKS  # chunks of the selection kernels at most (<= the score grid's)
-    # True: threshold picks read 64 coarse + 128 fine histogram counts (topk.py); False: all 8192.
+    # True: threshold picks read 64 coarse + 128 fine histogram counts (select/four.py); False: all 8192.
     coarse_pick: bool = True
 
     def __post_init__(self) -> None:
@@ -145,10 +145,10 @@ def word_decode_fits(basis_bits: int, head_dim: int, row_bytes: int, basis_offse
 class ScoreSelectWorkspace:
     """Scratch of score_select (R = max_num_seqs * num_kv_heads, GS = next_pow2(G), C = MAX_CHUNKS):
     scores [R, maxP, GS] fp32, chunk_max/chunk_sum [R, C, GS] fp32, keys/cand_low/cand_page [R, maxP]
-    int32, hist [R, 8192 + 64] (fine counts, then coarse ones; topk.py) and low_hist [R, 1024] int32 and counts [R, 2C + 2] int32 (the histograms,
-    counts[:, C] and counts[:, 2C+1] must start zeroed; every call leaves them zeroed. counts[:, :C] candidates and
-    counts[:, C+1:2C+1] ties per chunk are rewritten by every call; counts[:, C] is the output slot counter
-    (and topk_one's arrival counter), counts[:, 2C+1] the three-launch path's arrival counter)."""
+    int32, hist [R, 8192 + 64] (fine counts, then coarse ones) and low_hist [R, 1024] int32 and counts [R, 2C + 6] int32
+    (select/four.py `_count_row`; the histograms, counts[:, C] and counts[:, 2C+1] must start zeroed and every
+    call leaves them zeroed; counts[:, C] is the output slot counter and select/one.py's arrival counter,
+    counts[:, 2C+1] the chunked path's; the rest is rewritten by every call)."""
 
     scores: torch.Tensor
     chunk_max: torch.Tensor
