@@ -42,8 +42,8 @@ KEYS_WARPS = 8
 FINAL_WARPS = 8  # the resolve kernel's: its last program's [k, chunks] tie lookup is up to 16K elements (4 warps: 255 registers)
 HIST_BINS = 8192  # top 13 of the 23 key bits
 # Each pair's histogram row also holds COARSE_BINS counts of the digits' top 6 bits (after the 8192),
-# so a threshold pick reads 64 + 128 counts instead of scanning 8192: the gather, resolve and finalize
-# programs each repeated that scan (H200: ~5-8 us per launch at 128K bs1, growing with the chunk count).
+# so a threshold pick reads 64 + 128 counts instead of scanning 8192 (when every gather, resolve and
+# finalize program repeated the pick, the scan cost ~5-8 us per launch at 128K bs1 on the H200).
 COARSE_BINS = 64
 HIST_ROW = HIST_BINS + COARSE_BINS
 _COUNTS_TAIL = tl.constexpr(6)  # a counts row past its 2C per-chunk counts: slot counter, arrivals, four picks
@@ -142,12 +142,12 @@ def _keys_kernel(
         _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
                     max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
         count_row = _count_row(counts_ptr, pair, MAXC)
-        if _last_to_arrive(count_row, num_chunks, MAXC):
+        if _last_to_arrive(_arrivals(count_row, MAXC), num_chunks):
             hist_row = hist_ptr + pair * (NBINS + _COARSE)
             b1, need = _pick_top_bin(hist_row, K - 2, NBINS, COARSE_PICK)
             _clear_histogram_row(hist_row, NBINS)
-            tl.store(count_row + 2 * MAXC + 2, b1)
-            tl.store(count_row + 2 * MAXC + 3, need)
+            tl.store(_picks(count_row, MAXC), b1)
+            tl.store(_picks(count_row, MAXC) + 1, need)
 
 
 @triton.jit
@@ -159,15 +159,27 @@ def _count_row(counts_ptr, pair, MAXC: tl.constexpr):
 
 
 @triton.jit
-def _last_to_arrive(count_row, num_chunks, MAXC: tl.constexpr):
-    """True in the last of the pair's `num_chunks` programs of this launch to get here, which also resets the
-    arrival counter for the next launch. Every other program's writes are visible to it: the barrier orders
-    each thread's writes before the acq_rel arrival (read other programs' plain stores with ".cg": L1 is
-    not coherent across SMs)."""
+def _arrivals(count_row, MAXC: tl.constexpr):
+    """The chunked path's arrival counter in a pair's counts row."""
+    return count_row + 2 * MAXC + 1
+
+
+@triton.jit
+def _picks(count_row, MAXC: tl.constexpr):
+    """The pair's picks in its counts row: b1, pages still needed after b1's bin, b2, ties still needed."""
+    return count_row + 2 * MAXC + 2
+
+
+@triton.jit
+def _last_to_arrive(counter, num_chunks):
+    """True in the last of the pair's `num_chunks` programs of this launch to arrive at `counter`, which it
+    resets for the next launch. Every other program's writes are visible to it: the barrier orders each
+    thread's writes before the acq_rel arrival (read other programs' plain stores with ".cg": L1 is not
+    coherent across SMs)."""
     tl.debug_barrier()
-    last = tl.atomic_add(count_row + 2 * MAXC + 1, 1, sem="acq_rel") == num_chunks - 1
+    last = tl.atomic_add(counter, 1, sem="acq_rel") == num_chunks - 1
     if last:
-        tl.store(count_row + 2 * MAXC + 1, 0)
+        tl.store(counter, 0)
     return last
 
 
@@ -254,7 +266,7 @@ def _gather_kernel(
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         count_row = _count_row(counts_ptr, pair, MAXC)
-        b1 = tl.load(count_row + 2 * MAXC + 2)
+        b1 = tl.load(_picks(count_row, MAXC))
         first, last = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages
         out_row = out_ptr + pair.to(tl.int64) * K
@@ -285,13 +297,13 @@ def _gather_kernel(
             n_cand += n_in
             u = u_next
         tl.store(count_row + chunk, n_cand)
-        if _last_to_arrive(count_row, num_chunks, MAXC):
+        if _last_to_arrive(_arrivals(count_row, MAXC), num_chunks):
             bins = tl.arange(0, 1 << LOW_BITS)
             low_hist = tl.load(low_row + bins, cache_modifier=".cg")
-            b2, need = _pick_bin(low_hist, tl.load(count_row + 2 * MAXC + 3), 1 << LOW_BITS)
+            b2, need = _pick_bin(low_hist, tl.load(_picks(count_row, MAXC) + 1), 1 << LOW_BITS)
             tl.store(low_row + bins, tl.zeros([1 << LOW_BITS], tl.int32))  # each lane zeroes the counts it read
-            tl.store(count_row + 2 * MAXC + 4, b2)
-            tl.store(count_row + 2 * MAXC + 5, need)
+            tl.store(_picks(count_row, MAXC) + 2, b2)
+            tl.store(_picks(count_row, MAXC) + 3, need)
 
 
 @triton.jit
@@ -310,7 +322,7 @@ def _resolve_kernel(
     out_row = out_ptr + pair.to(tl.int64) * K
     if num_pages > K:
         count_row = _count_row(counts_ptr, pair, MAXC)
-        b2 = tl.load(count_row + 2 * MAXC + 4)
+        b2 = tl.load(_picks(count_row, MAXC) + 2)
         first, _ = _chunk_range(num_pages, chunk, num_chunks)
         row = pair.to(tl.int64) * max_pages + first
         n_cand = tl.load(count_row + chunk)
@@ -331,7 +343,7 @@ def _resolve_kernel(
             tl.store(cand_page_ptr + row + n_tie + tl.cumsum(tie.to(tl.int32), axis=0) - 1, page, mask=tie)
             n_tie += tl.sum(tie.to(tl.int32), axis=0)
         tl.store(count_row + MAXC + 1 + chunk, n_tie)
-        if _last_to_arrive(count_row, num_chunks, MAXC):
+        if _last_to_arrive(_arrivals(count_row, MAXC), num_chunks):
             _finish_pair(count_row, cand_page_ptr, pair, num_pages, out_row, max_pages, num_chunks, K,
                          MAXC, K_PAD, CHUNKS_PAD)
     elif chunk == 0:
@@ -361,7 +373,7 @@ def _finish_pair(
     """One sparse pair's last step: the first `need` ties in page order + sink + recent, ascending; the slot
     counter is left zeroed for the next call. Other programs' writes are read with ".cg"."""
     slot = tl.arange(0, K_PAD)
-    need = tl.load(count_row + 2 * MAXC + 5)
+    need = tl.load(_picks(count_row, MAXC) + 3)
     n_above = tl.load(count_row + MAXC, cache_modifier=".cg")
     tl.store(count_row + MAXC, 0)  # the slot counter starts at zero on the next call
     ch = tl.arange(0, CHUNKS_PAD)

@@ -16,7 +16,8 @@ short loops over the keys (`_select_by_loops`). This replaces four.py's two laun
 (gather, resolve), each ~4-6 µs at bs1 on the H200 whatever the context.
 
 Memory order: each program's stores and histogram atomics, then a CTA barrier, then one acq_rel
-atomic on the counter (Triton issues a scalar atomic from one thread): the CUTLASS semaphore pattern.
+atomic on the counter (four.py `_last_to_arrive`; Triton issues a scalar atomic from one thread): the CUTLASS
+semaphore pattern.
 The last program clears the histogram and the counter for the next call (CUDA-graph replays).
 """
 
@@ -26,7 +27,8 @@ import triton
 import triton.language as tl
 
 from ..triton_common import enter_dependent
-from .four import _COARSE, _chunk_keys, _clear_histogram_row, _count_row, _dense_row, _pick_top_bin, _program_pages
+from .four import (_COARSE, _chunk_keys, _clear_histogram_row, _count_row, _dense_row, _last_to_arrive, _pick_top_bin,
+                   _program_pages)
 
 # Warps of the one-launch kernel. Chained after the score kernel layer by layer (H200, 128K bs1, engine
 # table width) 16 warps took 48.8 / 49.6 µs of score + select (flat / random keys) against 49.5 / 52.4 at
@@ -158,14 +160,11 @@ def _keys_select_kernel(
     if num_pages > K:
         _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
                     max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
-        tl.debug_barrier()  # every thread's keys and counts are issued before the arrival
-        counter = _count_row(counts_ptr, pair, MAXC) + MAXC
-        if tl.atomic_add(counter, 1, sem="acq_rel") == num_chunks - 1:
+        if _last_to_arrive(_count_row(counts_ptr, pair, MAXC) + MAXC, num_chunks):  # the slot counter's int
             hist_row = hist_ptr + pair * (NBINS + _COARSE)
             b1, need_in = _pick_top_bin(hist_row, K - 2, NBINS, COARSE_PICK)
             in_bin = tl.load(hist_row + b1)
             _clear_histogram_row(hist_row, NBINS)
-            tl.store(counter, 0)
             key_row = keys_ptr + pair.to(tl.int64) * max_pages
             low_scratch = cand_low_ptr + pair.to(tl.int64) * max_pages
             recent = num_pages - 1
