@@ -432,7 +432,7 @@ CUDA_CASES = [
 ]
 
 
-def cuda_battery(device: str, seed: int, paths=("four", "one")) -> list[CheckResult]:
+def cuda_battery(device: str, seed: int, paths=("chunked", "one")) -> list[CheckResult]:
     """CUDA_CASES through the CUDA score kernel, each also failing if the kernel did not serve it (fell back to
     Triton): the GPU check before timing `scorer_kernel="cuda"` (`python -m ...lab.kernel_checks --cuda`)."""
     from .score import cuda as cuda_score  # noqa: PLC0415 - needs a GPU to mean anything
@@ -455,7 +455,7 @@ def select_battery(device: str, seed: int, paths=SELECT_PATHS, cases=None, score
                    second_call: bool = True) -> list[CheckResult]:
     """Every select case (default: SELECT_CASES + MANY_PAGES_CASE) on bf16 queries, once per selection
     path, with the score kernel's code path `scorer` (score_select.SCORER_KERNELS): the GPU check to run
-    before timing a selection or scorer change (`python -m ...lab.kernel_checks --select four,one
+    before timing a selection or scorer change (`python -m ...lab.kernel_checks --select chunked,one
     [--scorer transposed]`). The interpreter runs a launch's programs one after another, so a race between
     programs of one kernel shows only on a GPU."""
     cases = SELECT_CASES + [MANY_PAGES_CASE] if cases is None else cases

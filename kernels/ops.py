@@ -21,7 +21,7 @@ from .decode import kernel as _decode
 from .score import cuda as _cuda_score
 from .score import pages as _ss
 from .score import transposed as _score_t
-from .select import four as _sel
+from .select import chunked as _sel
 from .select import one as _one
 from .triton_common import (
     FP32_EPS,
@@ -278,7 +278,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
 def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget,
                    tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING) -> None:
     """The selection launches of score_select after the score kernel (`tuning.select_path`: one
-    launch, select/one.py, or three, select/four.py; arguments already checked), over
+    launch, select/one.py, or three, select/chunked.py; arguments already checked), over
     min(score_chunks, tuning.select_chunks) chunks per pair. The kernel bench times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads

@@ -40,7 +40,7 @@ locks.bench.kernel/1  (one per (preset, context, batch): harness/lab/kernel_benc
     cell          {preset (or geometry), context_tokens, batch_size, budget_tokens, format, combine, and select,
                    scorer_kernel, pdl where they differ from the backend's defaults}
     timings_us    {stage: {mean_us, ...}};  bytes, floor_us, floor_fraction: {stage: number}
-    kernels       {score: cuda | transposed | pages, select: one | four, pdl}: the code paths timed; tuning
+    kernels       {score: cuda | transposed | pages, select: one | chunked (older records: four), pdl}: the code paths timed; tuning
     best_dense, speedup_vs_dense
   also read: one record per stage, cell.stage + us_per_layer, bytes, floor_us, floor_fraction
 

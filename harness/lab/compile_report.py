@@ -28,7 +28,7 @@ from ...kernels.decode import kernel as _decode
 from ...kernels.score import cuda as _cuda_score
 from ...kernels.score import pages as _ss
 from ...kernels.score import transposed as _score_t
-from ...kernels.select import four as _topk
+from ...kernels.select import chunked as _topk
 from ...kernels.select import one as _one
 from ...kernels.triton_common import FP32_EPS, RowConstants, next_pow2
 

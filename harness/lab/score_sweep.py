@@ -40,7 +40,7 @@ SCHEMA_SCORE_SWEEP = "locks.score_sweep/1"
 VARIANTS = (
     # The kernel-level default: one warp per program over 4-page tiles, every program slot at bs1 (512
     # chunks), coefficients contracted on the tensor cores, <= 32 selection chunks with coarse threshold
-    # picks, 32-bit-word int4 decode, one vector load per token's coefficients; selection in four launches
+    # picks, 32-bit-word int4 decode, one vector load per token's coefficients; selection in three chunked launches
     DEFAULT_TUNING,
     # Selection in one launch (topk_one.py): over 64 chunks, with 4 or 16 warps (8 by default; 255 registers)
     ScoreTuning(select_path="one"),
@@ -76,6 +76,10 @@ VARIANTS = (
     ScoreTuning(select_path="one", **SCORER_KERNELS["cuda"]),
     ScoreTuning(select_path="one", tail_block=4096, **SCORER_KERNELS["cuda"]),
     ScoreTuning(select_path="one", tail_block=1024, **SCORER_KERNELS["cuda"]),
+    # The chunked selection over 2x / 4x the programs. With four launches 64 chunks was 2.2 µs ahead at 1M bs1
+    # and 1.6 behind at 256K; each launch's pick is now made once, by its last program, not by every program
+    ScoreTuning(select_chunks=64, **SCORER_KERNELS["cuda"]),
+    ScoreTuning(select_chunks=128, **SCORER_KERNELS["cuda"]),
 )
 
 
@@ -295,6 +299,7 @@ def _select_path(tuning: dict) -> str:
     # The oldest records carry row_select (True: the row path) instead of select_path.
     name = tuning.get("select_path") or ("row" if tuning.get("row_select") else "four")
     path = {"row": "row (2 launches)", "four": f"4 launches, {chunks}", "three": f"3 launches, {chunks}",
+            "chunked": f"3 launches, {chunks}",
             "one": f"1 launch, {chunks}"}[name]
     if name == "one":
         tail = _one_launch_tail(tuning)

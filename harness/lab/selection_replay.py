@@ -32,7 +32,7 @@ import torch
 from ...kernels import ops
 from ...kernels.config import PAGE_SIZE, SELECT_PATHS
 from ...kernels.score.pages import SCORER_KERNELS, ScoreTuning
-from ...kernels.select import four as _topk
+from ...kernels.select import chunked as _topk
 from ..provenance import collect, reproduce_command
 from ..workload import parse_size
 

@@ -1,4 +1,4 @@
-"""Page scoring for score_select (locks.md §2): its first launch; combine + top-k follow (select/one.py, select/four.py).
+"""Page scoring for score_select (locks.md §2): its first launch; combine + top-k follow (select/one.py, select/chunked.py).
 
 Reference: `reference.score.summary_page_scores` over the scored pages (`config.scored_pages`: every
 page before the recent one).
@@ -44,7 +44,7 @@ LN2 = tl.constexpr(0.6931471805599453)
 P_TILE = 4  # pages per tile (the dots' M is P * next_pow2(r))
 MAX_CHUNKS = 512  # workspace capacity: score programs per (sequence, KV head); ScoreTuning.max_chunks caps the grid
 SCORE_CHUNKS = 512  # the default cap: every program slot of a bs1 launch of one-warp programs (4 KV heads: 528)
-# Selection chunks per pair at most (select/four.py's launches). Its last pass is O(chunks + k): on the H200
+# Selection chunks per pair at most (select/chunked.py's launches). Its last pass is O(chunks + k): on the H200
 # (2026-11-29, 128K bs1, coarse picks) selection took 21.9 us over 32 chunks, 23.4 over 64 and 28.6 over
 # 128, so it stays at 32 while the score grid fills every program slot.
 SELECT_CHUNKS = 32
@@ -90,12 +90,12 @@ class ScoreTuning:
     # cuda: the CUDA kernel (kernels/score/score_t.cu) where `kernels.cuda.score.fits` accepts the call (r8i4,
     # d = 128, bf16 q, G <= 16, sm_90); the kernel this tuning otherwise names runs elsewhere.
     cuda: bool = False
-    # Selection after the score kernel (config.SELECT_PATHS): "four" (select/four.py: keys, gather,
-    # resolve) or "one" (select/one.py: keys per chunk, the pair's last program selects). Alone in a graph on
+    # Selection after the score kernel (config.SELECT_PATHS): "chunked" (select/chunked.py: keys,
+    # gather, resolve) or "one" (select/one.py: keys per chunk, the pair's last program selects). Alone in a graph on
     # the H200 (bs1) "one" took 11.2 / 17.8 µs at 32K / 128K against 19.1 / 19.7; in the 40-layer engine it
     # wins at 32K and loses at 128K, so the backend picks by table width (`config.select_path_for`); this
-    # kernel-level default stays "four".
-    select_path: str = "four"
+    # kernel-level default stays "chunked".
+    select_path: str = "chunked"
     tail_block: int | None = None  # keys per step of the one-launch path's tail (twice that on long contexts); None: one.LOOP_BLOCK
     select_warps: int | None = None  # warps of the one-launch kernel; None: one.SELECT_WARPS
     # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):
@@ -108,7 +108,7 @@ class ScoreTuning:
     # them, so the default fills every slot (the grid is still capped at slots // pairs).
     max_chunks: int = SCORE_CHUNKS
     select_chunks: int = SELECT_CHUNKS  # chunks of the selection kernels at most (<= the score grid's)
-    # True: threshold picks read 64 coarse + 128 fine histogram counts (select/four.py); False: all 8192.
+    # True: threshold picks read 64 coarse + 128 fine histogram counts (select/chunked.py); False: all 8192.
     coarse_pick: bool = True
 
     def __post_init__(self) -> None:
@@ -146,7 +146,7 @@ class ScoreSelectWorkspace:
     """Scratch of score_select (R = max_num_seqs * num_kv_heads, GS = next_pow2(G), C = MAX_CHUNKS):
     scores [R, maxP, GS] fp32, chunk_max/chunk_sum [R, C, GS] fp32, keys/cand_low/cand_page [R, maxP]
     int32, hist [R, 8192 + 64] (fine counts, then coarse ones) and low_hist [R, 1024] int32 and counts [R, 2C + 6] int32
-    (select/four.py `_count_row`; the histograms, counts[:, C] and counts[:, 2C+1] must start zeroed and every
+    (select/chunked.py `_count_row`; the histograms, counts[:, C] and counts[:, 2C+1] must start zeroed and every
     call leaves them zeroed; counts[:, C] is the output slot counter and select/one.py's arrival counter,
     counts[:, 2C+1] the chunked path's; the rest is rewritten by every call)."""
 

@@ -1,22 +1,22 @@
 """Group combine + top-(k-2) page selection in ONE launch after the score kernel (`select_path="one"`;
 the backend's `select="auto"` runs it on block tables up to config.AUTO_ONE_LAUNCH_MAX_PAGES wide and
-four.py's chunked launches on wider ones: in the 40-layer engine this path wins at 32K and loses at 64K and
+chunked.py's launches on wider ones: in the 40-layer engine this path wins at 32K and loses at 64K and
 128K, where its last program's serial tail, started with cold caches, costs more than three parallel
 launches; see docs/decisions.md).
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`;
-keys, histogram and tie rule are four.py's (23-bit fixed-point log shares, ties to the lower page id).
+keys, histogram and tie rule are chunked.py's (23-bit fixed-point log shares, ties to the lower page id).
 
 `_keys_select_kernel`, grid (S * Hkv, chunks): every program computes the keys of its chunk and adds
-their top 13 bits to the pair's histogram (four.py `_chunk_keys`), then arrives at the pair's counter.
+their top 13 bits to the pair's histogram (chunked.py `_chunk_keys`), then arrives at the pair's counter.
 The program that arrives last (it alone sees count = chunks - 1; no program ever waits, so the grid
 needs no co-residency and the interpreter's one-program-at-a-time order works) reads threshold bin b1
 and the count still needed from it from the finished histogram (coarse pick), then selects in two
-short loops over the keys (`_select_by_loops`). This replaces four.py's two launches after the keys
+short loops over the keys (`_select_by_loops`). This replaces chunked.py's two launches after the keys
 (gather, resolve), each ~4-6 µs at bs1 on the H200 whatever the context.
 
 Memory order: each program's stores and histogram atomics, then a CTA barrier, then one acq_rel
-atomic on the counter (four.py `_last_to_arrive`; Triton issues a scalar atomic from one thread): the CUTLASS
+atomic on the counter (chunked.py `_last_to_arrive`; Triton issues a scalar atomic from one thread): the CUTLASS
 semaphore pattern.
 The last program clears the histogram and the counter for the next call (CUDA-graph replays).
 """
@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from ..triton_common import enter_dependent
-from .four import (_COARSE, _chunk_keys, _clear_histogram_row, _count_row, _dense_row, _last_to_arrive, _pick_top_bin,
+from .chunked import (_COARSE, _chunk_keys, _clear_histogram_row, _count_row, _dense_row, _last_to_arrive, _pick_top_bin,
                    _program_pages)
 
 # Warps of the one-launch kernel. Chained after the score kernel layer by layer (H200, 128K bs1, engine

@@ -137,7 +137,7 @@ def test_arms_come_from_the_registry():
         other = parse_settings(arm.engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
         assert other.scorer_kernel == kernel and other.select == "auto" and not other.pdl
         assert arm.sparse and arm.counters == get_arm("locks").counters and kernel in arm.description
-    cpu_one = get_arm("locks-cpu[select=four]")
+    cpu_one = get_arm("locks-cpu[select=chunked]")
     assert cpu_one.device == "cpu" and cpu_one.environment(SparseKnobs(1024), None)["LOCKS_VLLM_CPU"] == "1"
     peer = get_arm("locks-kv")
     assert peer.plugin_distribution == "locks-kv"
@@ -155,12 +155,12 @@ def test_arms_come_from_the_registry():
 
 
 @pytest.mark.parametrize("name, message", [
-    ("locks[select=three]", "select='three' unknown; use one of auto, one, four"),
+    ("locks[select=three]", "select='three' unknown; use one of auto, one, chunked"),
     ("locks[scorer_kernel=lean]", "scorer_kernel='lean' unknown; use one of cuda, transposed, pages"),
     ("locks[pdl=yes]", "pdl='yes' unknown; use one of true, false"),
     ("locks[budget=64]", "'budget=64' is not KEY=VALUE with KEY one of select, scorer_kernel, pdl"),
     ("locks[select]", "'select' is not KEY=VALUE"),
-    ("locks[select=one,select=four]", "sets select twice"),
+    ("locks[select=one,select=chunked]", "sets select twice"),
     ("locks[]", "sets nothing"),
     ("fa3[select=one]", "is not of the form locks[select=one,pdl=true,scorer_kernel=pages]"),
     ("locks[select=one", "is not of the form"),

@@ -367,11 +367,11 @@ def test_kernel_rows_name_the_kernels_a_cell_timed():
     assert "Kernels" not in render_kernel(kernel_frame(stored), md.Notes())  # records that do not say: no column
     named = copy.deepcopy(stored)
     for record in named:
-        record["kernels"] = {"score": "cuda", "select": "four" if record["cell"]["context_tokens"] >= 1 << 20 else "one",
+        record["kernels"] = {"score": "cuda", "select": "chunked" if record["cell"]["context_tokens"] >= 1 << 20 else "one",
                              "pdl": False}
     table = render_kernel(kernel_frame(named), md.Notes())
     assert "| Kernels (score / select) |" in table
-    assert "| 1m | 1 | 2048 | 1950.0 (8%) | 41.0 (73%) |" in table and "| cuda / four |" in table
+    assert "| 1m | 1 | 2048 | 1950.0 (8%) | 41.0 (73%) |" in table and "| cuda / chunked |" in table
 
 
 def test_kernel_floor_fraction_derived_when_missing():

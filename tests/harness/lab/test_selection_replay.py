@@ -7,7 +7,7 @@ import pytest
 import torch
 from locks_toolkit.harness.lab import selection_replay
 from locks_toolkit.kernels.config import PAGE_SIZE
-from locks_toolkit.kernels.select import four as topk
+from locks_toolkit.kernels.select import chunked as topk
 
 
 def test_key_stats_describe_the_threshold_bin():
@@ -27,7 +27,7 @@ def test_key_stats_describe_the_threshold_bin():
     assert selection_replay.key_stats(keys, torch.tensor([3 * PAGE_SIZE]), num_kv_heads=2, page_budget=4) == []
 
 
-@pytest.mark.parametrize("argv, message", [(["--paths", "four,fast"], "unknown path(s) ['fast']"),
+@pytest.mark.parametrize("argv, message", [(["--paths", "chunked,fast"], "unknown path(s) ['fast']"),
                                            (["--layers", "2", "--capture-layer", "2"], "--capture-layer 2 must be below --layers 2")])
 def test_command_line_names_the_fix(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:

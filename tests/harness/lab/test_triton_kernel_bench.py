@@ -65,7 +65,7 @@ def test_cli_refuses_without_gpu():
     assert "needs a CUDA GPU" in result.output
 
 
-@pytest.mark.parametrize("table_pages, path", [(2048 + 1, "one"), (65536 + 1, "four")])
+@pytest.mark.parametrize("table_pages, path", [(2048 + 1, "one"), (65536 + 1, "chunked")])
 def test_the_bench_times_the_kernels_the_backend_resolves(table_pages, path):
     """Defaults are the backend's settings, resolved by the backend's own code: the CUDA scorer (Triton transposed
     where it declines) and the selection path of the block table's width."""
@@ -81,8 +81,8 @@ def test_the_bench_times_the_kernels_the_backend_resolves(table_pages, path):
     assert tuning.cuda and tuning.transposed and tuning != DEFAULT_TUNING  # not the kernel-level defaults
     assert tuning.select_path == path == select_path_for("auto", table_pages)
     pinned = kb.resolve_tuning(kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,),
-                                                    select="four", scorer_kernel="pages"), table_pages)
-    assert pinned.select_path == "four" and not pinned.cuda and not pinned.transposed
+                                                    select="chunked", scorer_kernel="pages"), table_pages)
+    assert pinned.select_path == "chunked" and not pinned.cuda and not pinned.transposed
 
 
 def test_the_record_names_the_score_kernel_that_takes_the_call():
@@ -111,11 +111,11 @@ def test_unknown_kernel_settings_are_refused_with_the_choices():
 def test_a_cell_names_only_the_settings_that_differ_from_the_deployed_ones():
     deployed = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,))
     assert kb.kernel_settings(deployed) == {}
-    other = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,), select="four", pdl=True)
-    assert kb.kernel_settings(other) == {"select": "four", "pdl": True}
+    other = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,), select="chunked", pdl=True)
+    assert kb.kernel_settings(other) == {"select": "chunked", "pdl": True}
     from locks_toolkit.reports.kernel import kernel_frame
 
     record = {"schema": "locks.bench.kernel/1", "status": "ok", "us_per_layer": 8.0,
               "cell": {"preset": "glm4-9b-1m", "format": "r8i4", "context_tokens": 1024, "batch_size": 1,
                        "budget_tokens": 256, "stage": "score", **kb.kernel_settings(other)}}
-    assert kernel_frame([record]).iloc[0]["geometry"] == "glm4-9b-1m r8i4 [select=four,pdl=true]"
+    assert kernel_frame([record]).iloc[0]["geometry"] == "glm4-9b-1m r8i4 [select=chunked,pdl=true]"

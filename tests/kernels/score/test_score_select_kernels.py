@@ -187,8 +187,8 @@ def test_one_launch_tail_in_small_steps_matches_reference(device, case, block, c
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case, coarse_pick, path", [
-    (MANY_PAGES_CASE, True, "one"), (MANY_PAGES_CASE, False, "four"),  # each pick on each path, once
-    (G8_D128_CASE, False, "one"), (G8_D128_CASE, True, "four"),
+    (MANY_PAGES_CASE, True, "one"), (MANY_PAGES_CASE, False, "chunked"),  # each pick on each path, once
+    (G8_D128_CASE, False, "one"), (G8_D128_CASE, True, "chunked"),
 ], ids=lambda v: f"G{v.group}-n{sum(v.seq_lens)}" if isinstance(v, SelectCase) else str(v))
 def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case, coarse_pick, path):
     """The score grid's chunk normalizers are merged in full when the selection runs over fewer chunks
@@ -230,7 +230,7 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     assert all(torch.equal(p, picks[0]) for p in picks[1:]), picks
     assert int(ws.hist.abs().sum()) == 0 and int(ws.low_hist.abs().sum()) == 0
     from locks_toolkit.kernels.score.pages import MAX_CHUNKS
-    from locks_toolkit.kernels.select.four import counts_width
+    from locks_toolkit.kernels.select.chunked import counts_width
 
     assert ws.counts.shape[1] == counts_width(MAX_CHUNKS)
     assert int(ws.counts[:, MAX_CHUNKS].abs().sum()) == 0  # the slot counter (and the one-launch arrivals)
@@ -238,7 +238,7 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", ["one", "four"])
+@pytest.mark.parametrize("path", ["one", "chunked"])
 def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path):
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
@@ -279,12 +279,12 @@ def test_select_battery_checks_every_requested_path_on_bf16_queries(device):
     from locks_toolkit.kernels.checks import select_battery
 
     repeat = device != "cpu"
-    results = select_battery(device, fresh_seed(), ("four", "one"), cases=[SELECT_CASES[5], SELECT_CASES[6]],
+    results = select_battery(device, fresh_seed(), ("chunked", "one"), cases=[SELECT_CASES[5], SELECT_CASES[6]],
                              second_call=repeat)
     assert len(results) == 4
     assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
     assert sum("select_path='one'" in r.name for r in results) == 2
-    transposed = select_battery(device, fresh_seed(), ("four",), cases=[G8_D128_CASE], scorer="transposed",
+    transposed = select_battery(device, fresh_seed(), ("chunked",), cases=[G8_D128_CASE], scorer="transposed",
                                 second_call=repeat)
     assert len(transposed) == 1 and transposed[0].ok and "transposed=True" in transposed[0].name, [str(r) for r in transposed]
 
@@ -293,10 +293,10 @@ def test_checks_cli_names_the_paths_when_one_is_unknown():
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "locks_toolkit.harness.lab.kernel_checks", "--select", "four,fast"],
+    out = subprocess.run([sys.executable, "-m", "locks_toolkit.harness.lab.kernel_checks", "--select", "chunked,fast"],
                          capture_output=True, text=True, env={**__import__("os").environ, "TRITON_INTERPRET": "1"})
     assert out.returncode != 0
-    assert "unknown path(s) ['fast']" in out.stderr and "four" in out.stderr
+    assert "unknown path(s) ['fast']" in out.stderr and "chunked" in out.stderr
 
 
 G16_CASE = SelectCase((16 * 45 + 9,), group=16, head_dim=128, page_budget=8, num_kv_heads=2)  # M = G: no spare rows
@@ -370,10 +370,10 @@ def test_paired_codes_and_query_rows_pair_the_same_dims(device):
 
 
 @pytest.mark.parametrize("device", [d for d in DEVICES if d == "cpu"] or [pytest.param("cpu", marks=pytest.mark.skip(reason="interpreter only"))])
-@pytest.mark.parametrize("path", ["one", "four"])
+@pytest.mark.parametrize("path", ["one", "chunked"])
 def test_selection_does_not_depend_on_the_order_programs_run_in(device, path):
     """The path whose last program to arrive finishes the pair (one) or whose programs share
-    counters (four), with every launch's programs run in reverse grid order (`reversed_program_order`)."""
+    counters (chunked), with every launch's programs run in reverse grid order (`reversed_program_order`)."""
     from locks_toolkit.kernels.checks import reversed_program_order
 
     with reversed_program_order():

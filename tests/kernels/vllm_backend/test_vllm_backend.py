@@ -95,8 +95,8 @@ def test_settings_parse_every_key():
     assert settings.locks.selection.page_budget == 64 and settings.locks.selection.combine == "group_max"
     assert settings.reads_keys and settings.debug_capture_layers == (0, 3)
     assert "budget=1024" in settings.describe() and "r4i8" in settings.describe()
-    assert settings.select == "auto" and parse_settings({"select": "four"}).select == "four"
-    assert "select=four" in parse_settings({"select": "four"}).describe()
+    assert settings.select == "auto" and parse_settings({"select": "chunked"}).select == "chunked"
+    assert "select=chunked" in parse_settings({"select": "chunked"}).describe()
     assert not settings.pdl and parse_settings({"pdl": True}).pdl and "pdl=True" in parse_settings({"pdl": True}).describe()
     assert settings.scorer_kernel == "cuda" and parse_settings({"scorer_kernel": "pages"}).scorer_kernel == "pages"
     assert "scorer_kernel=pages" in parse_settings({"scorer_kernel": "pages"}).describe()
@@ -130,7 +130,7 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
         ({"combine": "mean"}, "combine rule 'mean' unknown"),
         ({"scorer": "moment"}, "not served by the vLLM backend"),
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
-        ({"select": "two"}, "select 'two' unknown; use one of auto, one, four"),
+        ({"select": "two"}, "select 'two' unknown; use one of auto, one, chunked"),
         ({"pdl": "yes"}, "pdl must be true or false"),
         ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of cuda, transposed, pages"),
         ([1, 2], "must be a dict"),

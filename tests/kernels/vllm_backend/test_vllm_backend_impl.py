@@ -203,7 +203,7 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
     shape = DecodeShape(max_seqs=4, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, max_pages=7, page_budget=page_budget)
     to = lambda t: t.to(device)  # noqa: E731
     results = {}
-    for label, ops in (("reference", ReferenceOps()), ("four", TritonOps("four")), ("one", TritonOps("one")), ("auto", TritonOps())):
+    for label, ops in (("reference", ReferenceOps()), ("chunked", TritonOps("chunked")), ("one", TritonOps("one")), ("auto", TritonOps())):
         rows = to(torch.zeros(num_blocks, hkv, layout.row_bytes, dtype=torch.uint8))
         selected = to(torch.full((4, hkv, page_budget), 7, dtype=torch.int32))
         out = to(torch.full((4, hq, d), float("nan")))
@@ -215,7 +215,7 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
         ops.sparse_paged_decode(to(q), to(k_cache), to(v_cache), to(table), to(seq_lens), selected, d**-0.5, out, workspace)
         results[label] = (selected.cpu(), out.cpu())
     ref_sel, ref_out = results["reference"]
-    for path in ("four", "one", "auto"):  # the backend's `select` setting: same pages, other launches
+    for path in ("chunked", "one", "auto"):  # the backend's `select` setting: same pages, other launches
         tri_sel, tri_out = results[path]
         assert torch.equal(tri_sel[:3], ref_sel[:3]), path
         torch.testing.assert_close(tri_out[:3], ref_out[:3], rtol=1e-4, atol=1e-4)
@@ -224,8 +224,8 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
 
 @pytest.mark.parametrize("device", _triton_devices())
 def test_auto_select_picks_the_path_by_block_table_width(device, caplog):
-    """select="auto" runs the one-launch selection on tables up to AUTO_ONE_LAUNCH_MAX_PAGES wide and four
-    launches beyond (an engine's table width is fixed, so each engine runs one path); a pinned path stays."""
+    """select="auto" runs the one-launch selection on tables up to AUTO_ONE_LAUNCH_MAX_PAGES wide and the
+    chunked launches beyond (an engine's table width is fixed, so each engine runs one path); a pinned path stays."""
     from locks_toolkit.kernels.config import AUTO_ONE_LAUNCH_MAX_PAGES
     from locks_toolkit.kernels.vllm_backend.kernel_ops import TritonOps
 
@@ -233,12 +233,12 @@ def test_auto_select_picks_the_path_by_block_table_width(device, caplog):
     with caplog.at_level(logging.INFO, logger="locks_toolkit.kernels.vllm_backend.kernel_ops"):
         assert auto.tuning_for(2080).select_path == "one"
         assert auto.tuning_for(AUTO_ONE_LAUNCH_MAX_PAGES).select_path == "one"
-        assert auto.tuning_for(AUTO_ONE_LAUNCH_MAX_PAGES + 16).select_path == "four"
-        assert auto.tuning_for(4120).select_path == "four"  # the 64K engine, where four launches won
+        assert auto.tuning_for(AUTO_ONE_LAUNCH_MAX_PAGES + 16).select_path == "chunked"
+        assert auto.tuning_for(4120).select_path == "chunked"  # the 64K engine, where the chunked launches won
         assert auto.tuning_for(2080).select_path == "one"  # cached: logged once per width
     said = [r.getMessage() for r in caplog.records]
-    assert sum("runs the 'one' selection path" in m for m in said) == 2 and sum("runs the 'four'" in m for m in said) == 2
-    assert all(TritonOps(path).tuning_for(w).select_path == path for path in ("one", "four") for w in (7, 8256))
+    assert sum("runs the 'one' selection path" in m for m in said) == 2 and sum("runs the 'chunked'" in m for m in said) == 2
+    assert all(TritonOps(path).tuning_for(w).select_path == path for path in ("one", "chunked") for w in (7, 8256))
 
 
 @pytest.mark.parametrize("device", _triton_devices())
