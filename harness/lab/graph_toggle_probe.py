@@ -1,0 +1,314 @@
+"""What switching between two recorded decode paths costs when the graph's own first kernel switches them off.
+
+The dense crossover (issue "Never slower than dense") needs a decode graph captured once to run either the
+sparse path or dense attention, chosen per step on the device. IF/ELSE conditional nodes cost +6.4 µs a layer
+and kernels that return at once on a flag ~1 µs a node (`docs/decisions.md`). This probe prices the one
+mechanism left inside a graph: device-updatable kernel nodes (CUDA 12.4+, `CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_
+KERNEL_NODE`), which a kernel earlier in the same launch enables or disables (`cudaGraphKernelNodeSetEnabled`);
+a disabled node runs as an empty one.
+
+Graphs of L "layers" of tiny kernels (each block's thread 0 counts itself), DENSE_KERNELS a dense path and
+SPARSE_KERNELS a sparse one, timed idle GPU to done (`graph_launch_probe.replay_times`):
+- `dense`, `sparse`: one path alone (the floor of each choice);
+- `toggled_dense`, `toggled_sparse`: both paths recorded as device-updatable nodes behind one planner kernel
+  that enables the flagged path's nodes and disables the others, every replay;
+- `mixed_dense`, `mixed_sparse`: only the sparse nodes device-updatable, the dense ones plain kernels that return
+  at once unless flagged (vLLM's dense kernels are launched by FlashInfer / FA3, not by us: they can't be made
+  device-updatable, only handed empty work).
+Each graph is uploaded (`cuGraphUpload`) before its first replay, as the driver asks of graphs whose nodes are
+updated from the device, unless `--no-upload` (torch's replay alone: what a graph captured by vLLM gets).
+Every replay's block counts say which nodes ran; a mode whose counts differ from its flag fails the probe.
+
+    python3 -m locks_toolkit.harness.lab.graph_toggle_probe --layers 40 --out toggle.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ...kernels.config import ConfigError
+
+log = logging.getLogger(__name__)
+SCHEMA = "locks.bench.graph_toggle/1"
+DENSE_KERNELS = 2  # FlashInfer's / FA3's decode: the attention kernel and its split combine
+SPARSE_KERNELS = 4  # Locks at 16K-32K: score, select (one launch), decode, merge
+MODES = ("dense", "sparse", "toggled_dense", "toggled_sparse", "mixed_dense", "mixed_sparse")
+DENSE, SPARSE = 0, 1  # the planner's flag values
+THREADS = 128
+
+SOURCE = rb"""
+extern "C" __global__ void count_blocks(unsigned int* count) {
+  if (threadIdx.x == 0) atomicAdd(count, 1u);
+}
+// A dense-path kernel handed no work: returns at once unless the step is flagged dense.
+extern "C" __global__ void count_blocks_if(unsigned int* count, const int* flag, int path) {
+  if (*flag != path) return;
+  if (threadIdx.x == 0) atomicAdd(count, 1u);
+}
+// Enables the nodes of the flagged path and disables every other one, one node per thread.
+extern "C" __global__ void plan_paths(const cudaGraphDeviceNode_t* nodes, const int* node_path, int num_nodes,
+                                      const int* flag) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < num_nodes) cudaGraphKernelNodeSetEnabled(nodes[i], node_path[i] == *flag);
+}
+"""
+
+_DEVICE_UPDATABLE = 13  # CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE (cuda.h, CUDA 12.4+)
+
+
+class _Updatable(ctypes.Structure):
+    _fields_ = [("device_updatable", ctypes.c_int), ("dev_node", ctypes.c_void_p)]
+
+
+class _AttrValue(ctypes.Union):
+    _fields_ = [("pad", ctypes.c_char * 64), ("updatable", _Updatable)]
+
+
+class LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union."""
+
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", _AttrValue)]
+
+
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig of cuLaunchKernelEx."""
+
+    _fields_ = [("grid_x", ctypes.c_uint), ("grid_y", ctypes.c_uint), ("grid_z", ctypes.c_uint),
+                ("block_x", ctypes.c_uint), ("block_y", ctypes.c_uint), ("block_z", ctypes.c_uint),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(LaunchAttribute)), ("num_attrs", ctypes.c_uint)]
+
+
+def device_runtime_library() -> str:
+    """libcudadevrt.a, which code calling the device-side graph API links against: $LOCKS_CUDADEVRT, the CUDA
+    toolkit's, or the pip CUDA runtime's."""
+    candidates = [os.environ.get("LOCKS_CUDADEVRT", "")]
+    for root in (os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"):
+        if root:
+            candidates += [os.path.join(root, "lib64", "libcudadevrt.a"), os.path.join(root, "lib", "libcudadevrt.a")]
+    import site
+
+    for packages in site.getsitepackages() + [site.getusersitepackages()]:
+        candidates += sorted(glob.glob(os.path.join(packages, "nvidia", "*", "lib", "libcudadevrt.a")))
+    for path in candidates:
+        if path and os.path.isfile(path):
+            return path
+    raise ConfigError("libcudadevrt.a not found (the device-side graph API links against it): install the CUDA "
+                      "runtime wheel (pip install nvidia-cuda-runtime) or set LOCKS_CUDADEVRT to the file")
+
+
+def build_cubin(arch: str = "sm_90") -> bytes:
+    """SOURCE compiled relocatable by NVRTC and linked with the device runtime by nvJitLink (no device needed)."""
+    from cuda.bindings import nvjitlink
+
+    from ...kernels.nvrtc import compile_cubin
+
+    relocatable = compile_cubin(SOURCE, "graph_toggle_probe.cu", [f"-arch={arch}", "-rdc=true"])
+    handle = nvjitlink.create(1, [f"-arch={arch}"])
+    try:
+        nvjitlink.add_data(handle, nvjitlink.InputType.CUBIN, relocatable, len(relocatable), "graph_toggle_probe.cubin")
+        nvjitlink.add_file(handle, nvjitlink.InputType.LIBRARY, device_runtime_library())
+        try:
+            nvjitlink.complete(handle)
+        except nvjitlink.nvJitLinkError as exc:
+            log_size = nvjitlink.get_error_log_size(handle)
+            text = bytearray(log_size)
+            nvjitlink.get_error_log(handle, text)
+            raise RuntimeError(f"nvJitLink could not link the probe: {text.decode(errors='replace')}") from exc
+        linked = bytearray(nvjitlink.get_linked_cubin_size(handle))
+        nvjitlink.get_linked_cubin(handle, linked)
+        return bytes(linked)
+    finally:
+        nvjitlink.destroy(handle)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    count: int  # CUfunction handles
+    count_if: int
+    plan: int
+
+
+class Driver:
+    """The few driver calls the probe makes through libcuda itself: cuLaunchKernelEx with a launch attribute whose
+    output (the device node handle) the caller reads back, and cuGraphUpload."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        self.lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p,
+                                              ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        self.lib.cuGraphUpload.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+
+    def launch(self, function: int, grid: int, stream: int, args: Sequence[ctypes._SimpleCData],
+               device_updatable: bool = False) -> int | None:
+        """Launch on `stream`; returns the node's device handle when `device_updatable` (the stream must be capturing)."""
+        attr = LaunchAttribute(id=_DEVICE_UPDATABLE)
+        attr.value.updatable.device_updatable = 1
+        config = LaunchConfig(grid, 1, 1, THREADS, 1, 1, 0, stream, ctypes.pointer(attr) if device_updatable else None,
+                              1 if device_updatable else 0)
+        values = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
+        _ok(self.lib.cuLaunchKernelEx(ctypes.byref(config), function, values, None), "cuLaunchKernelEx")
+        return attr.value.updatable.dev_node if device_updatable else None
+
+    def upload(self, graph_exec: int, stream: int) -> None:
+        _ok(self.lib.cuGraphUpload(graph_exec, stream), "cuGraphUpload")
+
+
+def _ok(code: int, what: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"CUDA driver {what} failed with CUresult {code}")
+
+
+def expected_blocks(mode: str, layers: int, grid: int) -> dict:
+    """Blocks of each path one replay of `mode` must count (the flag is the mode's suffix)."""
+    dense = mode == "dense" or mode.endswith("_dense")
+    return {"dense_blocks": DENSE_KERNELS * layers * grid * dense, "sparse_blocks": SPARSE_KERNELS * layers * grid * (not dense)}
+
+
+def updatable_nodes(mode: str, layers: int) -> int:
+    """Device-updatable nodes of a `mode` graph: both paths' when toggled, the sparse path's when mixed."""
+    if mode.startswith("toggled"):
+        return (DENSE_KERNELS + SPARSE_KERNELS) * layers
+    return SPARSE_KERNELS * layers if mode.startswith("mixed") else 0
+
+
+def time_toggle_graphs(layers: int, grid: int, reps: int, upload: bool) -> list[dict]:
+    """One cell per MODES entry (see the module docstring), with the blocks each path counted in one replay."""
+    import torch
+
+    from ...kernels.nvrtc import load_function
+    from .graph_launch_probe import replay_times
+
+    device = torch.device("cuda", torch.cuda.current_device())
+    major, minor = torch.cuda.get_device_capability(device)
+    cubin = build_cubin(f"sm_{major}{minor}")
+    kernels = Kernels(*(int(load_function(device, cubin, name)) for name in ("count_blocks", "count_blocks_if", "plan_paths")))
+    driver = Driver()
+    counts = torch.zeros(2, dtype=torch.int32, device=device)  # blocks counted by the dense, sparse kernels
+    flag = torch.zeros(1, dtype=torch.int32, device=device)
+    table = torch.zeros(updatable_nodes("toggled_dense", layers), dtype=torch.int64, device=device)
+    table_path = torch.zeros_like(table, dtype=torch.int32)
+    ptr = lambda t, i=0: ctypes.c_void_p(t.data_ptr() + i * t.element_size())  # noqa: E731
+    stream = torch.cuda.Stream(device)
+    cells = []
+    for mode in MODES:
+        want = DENSE if mode == "dense" or mode.endswith("_dense") else SPARSE
+        num_updatable = updatable_nodes(mode, layers)
+        handles: list[int] = []
+        paths: list[int] = []
+
+        def launch(path: int) -> None:
+            if mode.startswith("mixed") and path == DENSE:  # a plain kernel with nothing to do unless flagged
+                driver.launch(kernels.count_if, grid, stream.cuda_stream, [ptr(counts, DENSE), ptr(flag), ctypes.c_int(DENSE)])
+                return
+            updatable = mode.startswith("toggled") or (mode.startswith("mixed") and path == SPARSE)
+            handle = driver.launch(kernels.count, grid, stream.cuda_stream, [ptr(counts, path)], updatable)
+            if updatable:
+                handles.append(handle or 0)
+                paths.append(path)
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            if num_updatable:  # the planner reads the handle table at replay; it is filled after capture
+                driver.launch(kernels.plan, -(-num_updatable // THREADS), stream.cuda_stream,
+                              [ptr(table), ptr(table_path), ctypes.c_int(num_updatable), ptr(flag)])
+            for _ in range(layers):
+                for path, kernels_per_layer in ((DENSE, DENSE_KERNELS), (SPARSE, SPARSE_KERNELS)):
+                    if mode != ("sparse", "dense")[path]:
+                        for _ in range(kernels_per_layer):
+                            launch(path)
+        if len(handles) != num_updatable or not all(handles):
+            raise RuntimeError(f"{mode}: the driver returned {sum(map(bool, handles))} device node handles for "
+                               f"{num_updatable} device-updatable launches")
+        if num_updatable:
+            table[:num_updatable].copy_(torch.tensor(handles, dtype=torch.int64))
+            table_path[:num_updatable].copy_(torch.tensor(paths, dtype=torch.int32))
+        if upload:
+            driver.upload(graph.raw_cuda_graph_exec(), stream.cuda_stream)
+        flag.fill_(want)
+        counts.zero_()
+        torch.cuda.synchronize()
+        graph.replay()
+        torch.cuda.synchronize()
+        ran = {"dense_blocks": int(counts[DENSE]), "sparse_blocks": int(counts[SPARSE])}
+        cells.append({"layers": layers, "grid": grid, "mode": mode, "upload": upload, "updatable_nodes": num_updatable,
+                      **ran, **replay_times(graph, reps)})
+        del graph
+    return cells
+
+
+def summarize(cells: Sequence[dict]) -> dict:
+    """µs per layer of each mode (idle to done), what the switch adds to the path it runs, and whether every
+    replay counted exactly the blocks its flag asks for."""
+    by_mode = {c["mode"]: c for c in cells}
+    missing = [m for m in MODES if m not in by_mode]
+    if missing:
+        raise ValueError(f"toggle cells lack modes {missing}")
+    layers = by_mode["dense"]["layers"]
+    per_layer = {m: by_mode[m]["idle_to_done_us"] / layers for m in MODES}
+    over = {f"{m}_over_{m.split('_')[1]}_us": per_layer[m] - per_layer[m.split("_")[1]] for m in MODES if "_" in m}
+    ran_as_flagged = all({k: c[k] for k in ("dense_blocks", "sparse_blocks")} == expected_blocks(c["mode"], c["layers"], c["grid"])
+                         for c in cells)
+    return {"layers": layers, "us_per_layer": per_layer, **over, "ran_as_flagged": ran_as_flagged}
+
+
+def markdown(cells: Sequence[dict], fit: dict) -> str:
+    lines = ["| graph | updatable nodes | blocks counted (dense / sparse) | replay + sync µs | µs per layer |",
+             "|---|---:|---:|---:|---:|"]
+    lines += [f"| {c['mode']} | {c['updatable_nodes']} | {c['dense_blocks']} / {c['sparse_blocks']} | "
+              f"{c['idle_to_done_us']:.1f} | {fit['us_per_layer'][c['mode']]:.2f} |" for c in cells]
+    over = ", ".join(f"{key[:-3].replace('_over_', ' over ')} {value:+.2f} µs" for key, value in fit.items() if key.endswith("_us"))
+    lines.append(f"\nper layer: {over}; ran as flagged: {fit['ran_as_flagged']}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=40, help="layers of each probed graph")
+    parser.add_argument("--grid", type=int, default=132, help="blocks of each tiny kernel (132: one per H200 SM)")
+    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--no-upload", action="store_true", help="replay without cuGraphUpload first (as a vLLM graph)")
+    parser.add_argument("--out", help="JSONL file the record is appended to")
+    args = parser.parse_args(argv)
+    try:
+        if args.layers < 1 or args.grid < 1 or args.reps < 1:
+            raise ConfigError(f"--layers, --grid and --reps must be positive (got {args.layers}, {args.grid}, {args.reps})")
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("the graph-toggle probe needs a CUDA device (it times CUDA-graph replays); run it on the GPU")
+    except ConfigError as exc:
+        log.error("%s", exc)
+        return 2
+    from ..provenance import collect, reproduce_command
+
+    record = {"schema": SCHEMA, "provenance": collect(reproduce_command(), schema=SCHEMA)}
+    try:
+        record["cells"] = time_toggle_graphs(args.layers, args.grid, args.reps, upload=not args.no_upload)
+        record["fit"] = summarize(record["cells"])
+    except (RuntimeError, ConfigError) as exc:  # the driver refused a step: keep its words in the record
+        record["error"] = str(exc)
+    if args.out:
+        with open(args.out, "a") as handle:
+            handle.write(json.dumps(record) + "\n")
+    if "fit" not in record:
+        log.error("the toggle probe stopped: %s", record["error"])
+        return 1
+    sys.stdout.write(markdown(record["cells"], record["fit"]) + "\n")
+    if not record["fit"]["ran_as_flagged"]:
+        log.error("a graph ran other nodes than its flag asked for: %s", record["cells"])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
