@@ -15,11 +15,14 @@ SPARSE_KERNELS a sparse one, timed idle GPU to done (`graph_launch_probe.replay_
 - `mixed_dense`, `mixed_sparse`: only the sparse nodes device-updatable, the dense ones plain kernels that return
   at once unless flagged (vLLM's dense kernels are launched by FlashInfer / FA3, not by us: they can't be made
   device-updatable, only handed empty work).
+`--foreign` asks the question for kernels launched by others: every kernel is a torch add (one block), and the
+toggled ones are opted into device updates after their capture (the capture's leaf walked back to the node before,
+`cuGraphKernelNodeSetAttribute`), as the backend would have to do with FlashInfer's or FA3's decode kernels.
 Each graph is uploaded (`cuGraphUpload`) before its first replay, as the driver asks of graphs whose nodes are
 updated from the device, unless `--no-upload` (torch's replay alone: what a graph captured by vLLM gets).
 Every replay's block counts say which nodes ran; a mode whose counts differ from its flag fails the probe.
 
-    python3 -m locks_toolkit.harness.lab.graph_toggle_probe --layers 40 --out toggle.jsonl
+    python3 -m locks_toolkit.harness.lab.graph_toggle_probe --layers 40 [--foreign] [--no-upload] --out toggle.jsonl
 """
 
 from __future__ import annotations
@@ -138,14 +141,23 @@ class Kernels:
 
 
 class Driver:
-    """The few driver calls the probe makes through libcuda itself: cuLaunchKernelEx with a launch attribute whose
-    output (the device node handle) the caller reads back, and cuGraphUpload."""
+    """The driver calls the probe makes through libcuda itself: cuLaunchKernelEx with a launch attribute whose
+    output (the device node handle) the caller reads back; the capture's graph walked back from its leaf, to make
+    kernels launched by others (torch here; FlashInfer or FA3 in an engine) device-updatable after the fact; and
+    cuGraphUpload."""
 
     def __init__(self) -> None:
-        self.lib = ctypes.CDLL("libcuda.so.1")
-        self.lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p,
-                                              ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-        self.lib.cuGraphUpload.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib = self.lib = ctypes.CDLL("libcuda.so.1")
+        p = ctypes.c_void_p
+        lib.cuLaunchKernelEx.argtypes = [ctypes.POINTER(LaunchConfig), p, ctypes.POINTER(p), p]
+        lib.cuGraphUpload.argtypes = [p, p]
+        lib.cuStreamGetCaptureInfo_v3.argtypes = [p, ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_uint64),
+                                                  ctypes.POINTER(p), ctypes.POINTER(ctypes.POINTER(p)), ctypes.POINTER(p),
+                                                  ctypes.POINTER(ctypes.c_size_t)]
+        lib.cuGraphNodeGetDependencies_v2.argtypes = [p, ctypes.POINTER(p), p, ctypes.POINTER(ctypes.c_size_t)]
+        lib.cuGraphNodeGetType.argtypes = [p, ctypes.POINTER(ctypes.c_int)]
+        lib.cuGraphKernelNodeSetAttribute.argtypes = [p, ctypes.c_int, ctypes.POINTER(_AttrValue)]
+        lib.cuGraphKernelNodeGetAttribute.argtypes = [p, ctypes.c_int, ctypes.POINTER(_AttrValue)]
 
     def launch(self, function: int, grid: int, stream: int, args: Sequence[ctypes._SimpleCData],
                device_updatable: bool = False) -> int | None:
@@ -158,13 +170,58 @@ class Driver:
         _ok(self.lib.cuLaunchKernelEx(ctypes.byref(config), function, values, None), "cuLaunchKernelEx")
         return attr.value.updatable.dev_node if device_updatable else None
 
+    def capture_leaf(self, stream: int) -> int | None:
+        """The node the next work captured on `stream` will depend on (None at the start of the capture)."""
+        status, capture_id, graph = ctypes.c_int(), ctypes.c_uint64(), ctypes.c_void_p()
+        deps, edges, count = ctypes.POINTER(ctypes.c_void_p)(), ctypes.c_void_p(), ctypes.c_size_t()
+        _ok(self.lib.cuStreamGetCaptureInfo_v3(stream, ctypes.byref(status), ctypes.byref(capture_id), ctypes.byref(graph),
+                                               ctypes.byref(deps), ctypes.byref(edges), ctypes.byref(count)),
+            "cuStreamGetCaptureInfo")
+        if status.value != _CAPTURE_ACTIVE:
+            raise RuntimeError(f"stream {stream:#x} is not capturing (status {status.value})")
+        if count.value > 1:
+            raise RuntimeError(f"{count.value} capture dependencies: the probe's work must be one chain")
+        return deps[0] if count.value else None
+
+    def kernel_nodes_since(self, leaf: int | None, earlier: int | None) -> list[int]:
+        """The kernel nodes captured after `earlier` up to `leaf`, oldest first (one chain of nodes)."""
+        nodes, node = [], leaf
+        while node is not None and node != earlier:
+            kind = ctypes.c_int()
+            _ok(self.lib.cuGraphNodeGetType(node, ctypes.byref(kind)), "cuGraphNodeGetType")
+            if kind.value == _KERNEL_NODE:
+                nodes.append(node)
+            dep, count = ctypes.c_void_p(), ctypes.c_size_t(1)
+            _ok(self.lib.cuGraphNodeGetDependencies_v2(node, ctypes.byref(dep), None, ctypes.byref(count)),
+                "cuGraphNodeGetDependencies")
+            node = dep.value if count.value else None
+        return nodes[::-1]
+
+    def make_updatable(self, node: int) -> int:
+        """Opt a captured kernel node into device updates; its device handle."""
+        value = _AttrValue()
+        value.updatable.device_updatable = 1
+        _ok(self.lib.cuGraphKernelNodeSetAttribute(node, _DEVICE_UPDATABLE, ctypes.byref(value)), "cuGraphKernelNodeSetAttribute")
+        out = _AttrValue()
+        _ok(self.lib.cuGraphKernelNodeGetAttribute(node, _DEVICE_UPDATABLE, ctypes.byref(out)), "cuGraphKernelNodeGetAttribute")
+        return out.updatable.dev_node or 0
+
     def upload(self, graph_exec: int, stream: int) -> None:
         _ok(self.lib.cuGraphUpload(graph_exec, stream), "cuGraphUpload")
+
+
+_CAPTURE_ACTIVE = 1  # CU_STREAM_CAPTURE_STATUS_ACTIVE
+_KERNEL_NODE = 0  # CU_GRAPH_NODE_TYPE_KERNEL
 
 
 def _ok(code: int, what: str) -> None:
     if code != 0:
         raise RuntimeError(f"CUDA driver {what} failed with CUresult {code}")
+
+
+def modes(foreign: bool) -> tuple[str, ...]:
+    """The graphs a run times: with foreign kernels no mixed modes (every kernel is made device-updatable)."""
+    return MODES[:4] if foreign else MODES
 
 
 def expected_blocks(mode: str, layers: int, grid: int) -> dict:
@@ -180,8 +237,9 @@ def updatable_nodes(mode: str, layers: int) -> int:
     return SPARSE_KERNELS * layers if mode.startswith("mixed") else 0
 
 
-def time_toggle_graphs(layers: int, grid: int, reps: int, upload: bool) -> list[dict]:
-    """One cell per MODES entry (see the module docstring), with the blocks each path counted in one replay."""
+def time_toggle_graphs(layers: int, grid: int, reps: int, upload: bool, foreign: bool = False) -> list[dict]:
+    """One cell per mode (see the module docstring), with the blocks each path counted in one replay. `foreign`:
+    every kernel is a torch add of one element (one block), made device-updatable after its capture."""
     import torch
 
     from ...kernels.nvrtc import load_function
@@ -193,23 +251,35 @@ def time_toggle_graphs(layers: int, grid: int, reps: int, upload: bool) -> list[
     kernels = Kernels(*(int(load_function(device, cubin, name)) for name in ("count_blocks", "count_blocks_if", "plan_paths")))
     driver = Driver()
     counts = torch.zeros(2, dtype=torch.int32, device=device)  # blocks counted by the dense, sparse kernels
+    totals = torch.zeros(2, dtype=torch.float32, device=device)  # the foreign kernels' counts
     flag = torch.zeros(1, dtype=torch.int32, device=device)
     table = torch.zeros(updatable_nodes("toggled_dense", layers), dtype=torch.int64, device=device)
     table_path = torch.zeros_like(table, dtype=torch.int32)
     ptr = lambda t, i=0: ctypes.c_void_p(t.data_ptr() + i * t.element_size())  # noqa: E731
     stream = torch.cuda.Stream(device)
+    with torch.cuda.stream(stream):  # warm torch's add kernel outside any capture
+        totals[0:1].add_(0.0)
+    torch.cuda.synchronize()
     cells = []
-    for mode in MODES:
+    for mode in modes(foreign):
         want = DENSE if mode == "dense" or mode.endswith("_dense") else SPARSE
         num_updatable = updatable_nodes(mode, layers)
         handles: list[int] = []
         paths: list[int] = []
 
         def launch(path: int) -> None:
+            updatable = mode.startswith("toggled") or (mode.startswith("mixed") and path == SPARSE)
+            if foreign:
+                before = driver.capture_leaf(stream.cuda_stream) if updatable else None
+                totals[path:path + 1].add_(1.0)
+                if updatable:
+                    added = driver.kernel_nodes_since(driver.capture_leaf(stream.cuda_stream), before)
+                    handles.extend(driver.make_updatable(node) for node in added)
+                    paths.extend([path] * len(added))
+                return
             if mode.startswith("mixed") and path == DENSE:  # a plain kernel with nothing to do unless flagged
                 driver.launch(kernels.count_if, grid, stream.cuda_stream, [ptr(counts, DENSE), ptr(flag), ctypes.c_int(DENSE)])
                 return
-            updatable = mode.startswith("toggled") or (mode.startswith("mixed") and path == SPARSE)
             handle = driver.launch(kernels.count, grid, stream.cuda_stream, [ptr(counts, path)], updatable)
             if updatable:
                 handles.append(handle or 0)
@@ -227,20 +297,21 @@ def time_toggle_graphs(layers: int, grid: int, reps: int, upload: bool) -> list[
                             launch(path)
         if len(handles) != num_updatable or not all(handles):
             raise RuntimeError(f"{mode}: the driver returned {sum(map(bool, handles))} device node handles for "
-                               f"{num_updatable} device-updatable launches")
+                               f"{num_updatable} device-updatable kernels")
         if num_updatable:
             table[:num_updatable].copy_(torch.tensor(handles, dtype=torch.int64))
             table_path[:num_updatable].copy_(torch.tensor(paths, dtype=torch.int32))
         if upload:
             driver.upload(graph.raw_cuda_graph_exec(), stream.cuda_stream)
         flag.fill_(want)
-        counts.zero_()
+        counts.zero_(), totals.zero_()
         torch.cuda.synchronize()
         graph.replay()
         torch.cuda.synchronize()
-        ran = {"dense_blocks": int(counts[DENSE]), "sparse_blocks": int(counts[SPARSE])}
-        cells.append({"layers": layers, "grid": grid, "mode": mode, "upload": upload, "updatable_nodes": num_updatable,
-                      **ran, **replay_times(graph, reps)})
+        ran = [int(v) for v in (totals if foreign else counts).tolist()]
+        cells.append({"layers": layers, "grid": 1 if foreign else grid, "mode": mode, "kernels": "torch" if foreign else "probe",
+                      "upload": upload, "updatable_nodes": num_updatable, "dense_blocks": ran[DENSE],
+                      "sparse_blocks": ran[SPARSE], **replay_times(graph, reps)})
         del graph
     return cells
 
@@ -249,12 +320,13 @@ def summarize(cells: Sequence[dict]) -> dict:
     """µs per layer of each mode (idle to done), what the switch adds to the path it runs, and whether every
     replay counted exactly the blocks its flag asks for."""
     by_mode = {c["mode"]: c for c in cells}
-    missing = [m for m in MODES if m not in by_mode]
+    wanted = modes(any(c.get("kernels") == "torch" for c in cells))
+    missing = [m for m in wanted if m not in by_mode]
     if missing:
         raise ValueError(f"toggle cells lack modes {missing}")
     layers = by_mode["dense"]["layers"]
-    per_layer = {m: by_mode[m]["idle_to_done_us"] / layers for m in MODES}
-    over = {f"{m}_over_{m.split('_')[1]}_us": per_layer[m] - per_layer[m.split("_")[1]] for m in MODES if "_" in m}
+    per_layer = {m: by_mode[m]["idle_to_done_us"] / layers for m in wanted}
+    over = {f"{m}_over_{m.split('_')[1]}_us": per_layer[m] - per_layer[m.split("_")[1]] for m in wanted if "_" in m}
     ran_as_flagged = all({k: c[k] for k in ("dense_blocks", "sparse_blocks")} == expected_blocks(c["mode"], c["layers"], c["grid"])
                          for c in cells)
     return {"layers": layers, "us_per_layer": per_layer, **over, "ran_as_flagged": ran_as_flagged}
@@ -277,6 +349,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--grid", type=int, default=132, help="blocks of each tiny kernel (132: one per H200 SM)")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--no-upload", action="store_true", help="replay without cuGraphUpload first (as a vLLM graph)")
+    parser.add_argument("--foreign", action="store_true",
+                        help="torch's kernels instead of the probe's, made device-updatable after their capture")
     parser.add_argument("--out", help="JSONL file the record is appended to")
     args = parser.parse_args(argv)
     try:
@@ -293,7 +367,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     record = {"schema": SCHEMA, "provenance": collect(reproduce_command(), schema=SCHEMA)}
     try:
-        record["cells"] = time_toggle_graphs(args.layers, args.grid, args.reps, upload=not args.no_upload)
+        record["cells"] = time_toggle_graphs(args.layers, args.grid, args.reps, upload=not args.no_upload,
+                                             foreign=args.foreign)
         record["fit"] = summarize(record["cells"])
     except (RuntimeError, ConfigError) as exc:  # the driver refused a step: keep its words in the record
         record["error"] = str(exc)

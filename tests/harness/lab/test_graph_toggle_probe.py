@@ -29,11 +29,11 @@ def test_launch_structs_have_the_driver_layout():
     assert ctypes.sizeof(probe.LaunchConfig) == 56
 
 
-def _cells(layers: int = 3, grid: int = 5, off_by: int = 0) -> list[dict]:
+def _cells(layers: int = 3, grid: int = 5, off_by: int = 0, foreign: bool = False) -> list[dict]:
     cells = []
-    for i, mode in enumerate(probe.MODES):
+    for i, mode in enumerate(probe.modes(foreign)):
         blocks = probe.expected_blocks(mode, layers, grid)
-        cells.append({"layers": layers, "grid": grid, "mode": mode, "upload": True,
+        cells.append({"layers": layers, "grid": grid, "mode": mode, "upload": True, "kernels": "torch" if foreign else "probe",
                       "updatable_nodes": probe.updatable_nodes(mode, layers),
                       "dense_blocks": blocks["dense_blocks"] + (off_by if mode == "mixed_sparse" else 0),
                       "sparse_blocks": blocks["sparse_blocks"], "idle_to_done_us": 10.0 * layers + i * layers})
@@ -59,6 +59,9 @@ def test_summary_prices_each_switch_against_its_own_path_and_catches_a_wrong_cou
     assert not probe.summarize(_cells(off_by=5))["ran_as_flagged"]  # dense kernels ran in a sparse-flagged replay
     with pytest.raises(ValueError, match="lack modes"):
         probe.summarize(_cells()[:-1])
+    foreign = probe.summarize(_cells(foreign=True))  # kernels launched by others: no mixed graphs
+    assert foreign["ran_as_flagged"] and set(foreign["us_per_layer"]) == set(probe.MODES[:4])
+    assert "mixed_sparse_over_sparse_us" not in foreign
 
 
 def test_the_device_runtime_can_be_named_and_bad_input_stops_before_the_gpu(tmp_path, monkeypatch):
@@ -95,3 +98,30 @@ def test_without_a_runtime_library_the_error_names_the_fix(monkeypatch):
     monkeypatch.setattr(probe.os.path, "isfile", lambda _path: False)
     with pytest.raises(ConfigError, match="LOCKS_CUDADEVRT"):
         probe.device_runtime_library()
+
+
+class _FakeGraph:
+    """libcuda's graph queries over a chain of nodes {id: (type, dependency or None)}."""
+
+    def __init__(self, chain: dict[int, tuple[int, int | None]]):
+        self.chain = chain
+
+    def cuGraphNodeGetType(self, node, kind):
+        kind._obj.value = self.chain[node][0]
+        return 0
+
+    def cuGraphNodeGetDependencies_v2(self, node, dep, _edges, count):
+        parent = self.chain[node][1]
+        count._obj.value = 0 if parent is None else 1
+        if parent is not None:
+            dep._obj.value = parent
+        return 0
+
+
+def test_the_nodes_a_foreign_launch_added_are_walked_back_to_the_node_before():
+    driver = probe.Driver.__new__(probe.Driver)  # no libcuda here: the graph queries are faked
+    # planner 10 <- kernel 11 <- memset 12 <- kernel 13: a launch that added 11..13 after the planner
+    driver.lib = _FakeGraph({10: (0, None), 11: (0, 10), 12: (2, 11), 13: (0, 12)})
+    assert driver.kernel_nodes_since(13, 10) == [11, 13]  # oldest first, the memset node left out
+    assert driver.kernel_nodes_since(13, None) == [10, 11, 13]  # from the start of the capture
+    assert driver.kernel_nodes_since(10, 10) == []
