@@ -12,15 +12,19 @@ SPARSE_KERNELS a sparse one, timed idle GPU to done (`graph_launch_probe.replay_
 - `dense`, `sparse`: one path alone (the floor of each choice);
 - `toggled_dense`, `toggled_sparse`: both paths recorded as device-updatable nodes behind one planner kernel
   that enables the flagged path's nodes and disables the others, every replay;
+- `kept_dense`, `kept_sparse`: the same, but the planner updates the nodes only when the flag changes (the steady
+  state of a step that runs the path the step before ran);
 - `mixed_dense`, `mixed_sparse`: only the sparse nodes device-updatable, the dense ones plain kernels that return
-  at once unless flagged (vLLM's dense kernels are launched by FlashInfer / FA3, not by us: they can't be made
-  device-updatable, only handed empty work).
+  at once unless flagged: the fallback if kernels launched by others (FlashInfer's, FA3's) can't be opted in,
+  and can only be handed no work.
 `--foreign` asks the question for kernels launched by others: every kernel is a torch add (one block), and the
 toggled ones are opted into device updates after their capture (the capture's leaf walked back to the node before,
 `cuGraphKernelNodeSetAttribute`), as the backend would have to do with FlashInfer's or FA3's decode kernels.
 Each graph is uploaded (`cuGraphUpload`) before its first replay, as the driver asks of graphs whose nodes are
 updated from the device, unless `--no-upload` (torch's replay alone: what a graph captured by vLLM gets).
-Every replay's block counts say which nodes ran; a mode whose counts differ from its flag fails the probe.
+The block counts of the first replays say which nodes ran: the mode's flag twice (do device-side updates persist
+across launches?), then, where both paths are recorded, the other flag and back; a mode whose counts differ from
+its flag fails the probe. The timed replays run with the mode's own flag.
 
     python3 -m locks_toolkit.harness.lab.graph_toggle_probe --layers 40 [--foreign] [--no-upload] --out toggle.jsonl
 """
@@ -43,7 +47,8 @@ log = logging.getLogger(__name__)
 SCHEMA = "locks.bench.graph_toggle/1"
 DENSE_KERNELS = 2  # FlashInfer's / FA3's decode: the attention kernel and its split combine
 SPARSE_KERNELS = 4  # Locks at 16K-32K: score, select (one launch), decode, merge
-MODES = ("dense", "sparse", "toggled_dense", "toggled_sparse", "mixed_dense", "mixed_sparse")
+MODES = ("dense", "sparse", "toggled_dense", "toggled_sparse", "kept_dense", "kept_sparse", "mixed_dense", "mixed_sparse")
+TOGGLED = ("toggled", "kept")  # both paths device-updatable; "kept": the planner updates only when the flag changes
 DENSE, SPARSE = 0, 1  # the planner's flag values
 THREADS = 128
 
@@ -56,11 +61,15 @@ extern "C" __global__ void count_blocks_if(unsigned int* count, const int* flag,
   if (*flag != path) return;
   if (threadIdx.x == 0) atomicAdd(count, 1u);
 }
-// Enables the nodes of the flagged path and disables every other one, one node per thread.
+// One block: enables the nodes of the flagged path and disables every other one. on_change: only when the flag
+// differs from the one applied last (device-side updates stay in the executable graph until the host updates it).
 extern "C" __global__ void plan_paths(const cudaGraphDeviceNode_t* nodes, const int* node_path, int num_nodes,
-                                      const int* flag) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < num_nodes) cudaGraphKernelNodeSetEnabled(nodes[i], node_path[i] == *flag);
+                                      const int* flag, int* applied, int on_change) {
+  const int want = *flag;
+  if (on_change && *applied == want) return;  // every thread reads before thread 0 writes below
+  for (int i = threadIdx.x; i < num_nodes; i += blockDim.x) cudaGraphKernelNodeSetEnabled(nodes[i], node_path[i] == want);
+  __syncthreads();
+  if (threadIdx.x == 0) *applied = want;
 }
 """
 
@@ -221,18 +230,18 @@ def _ok(code: int, what: str) -> None:
 
 def modes(foreign: bool) -> tuple[str, ...]:
     """The graphs a run times: with foreign kernels no mixed modes (every kernel is made device-updatable)."""
-    return MODES[:4] if foreign else MODES
+    return MODES[:6] if foreign else MODES
 
 
-def expected_blocks(mode: str, layers: int, grid: int) -> dict:
-    """Blocks of each path one replay of `mode` must count (the flag is the mode's suffix)."""
-    dense = mode == "dense" or mode.endswith("_dense")
-    return {"dense_blocks": DENSE_KERNELS * layers * grid * dense, "sparse_blocks": SPARSE_KERNELS * layers * grid * (not dense)}
+def expected_blocks(flag: int, layers: int, grid: int) -> dict:
+    """Blocks of each path a replay flagged `flag` must count (every mode records the path its flag names)."""
+    return {"flag": flag, "dense_blocks": DENSE_KERNELS * layers * grid * (flag == DENSE),
+            "sparse_blocks": SPARSE_KERNELS * layers * grid * (flag == SPARSE)}
 
 
 def updatable_nodes(mode: str, layers: int) -> int:
     """Device-updatable nodes of a `mode` graph: both paths' when toggled, the sparse path's when mixed."""
-    if mode.startswith("toggled"):
+    if mode.startswith(TOGGLED):
         return (DENSE_KERNELS + SPARSE_KERNELS) * layers
     return SPARSE_KERNELS * layers if mode.startswith("mixed") else 0
 
@@ -253,6 +262,7 @@ def time_toggle_graphs(layers: int, grid: int, reps: int, upload: bool, foreign:
     counts = torch.zeros(2, dtype=torch.int32, device=device)  # blocks counted by the dense, sparse kernels
     totals = torch.zeros(2, dtype=torch.float32, device=device)  # the foreign kernels' counts
     flag = torch.zeros(1, dtype=torch.int32, device=device)
+    applied = torch.zeros(1, dtype=torch.int32, device=device)  # the flag the planner applied last
     table = torch.zeros(updatable_nodes("toggled_dense", layers), dtype=torch.int64, device=device)
     table_path = torch.zeros_like(table, dtype=torch.int32)
     ptr = lambda t, i=0: ctypes.c_void_p(t.data_ptr() + i * t.element_size())  # noqa: E731
@@ -268,7 +278,7 @@ def time_toggle_graphs(layers: int, grid: int, reps: int, upload: bool, foreign:
         paths: list[int] = []
 
         def launch(path: int) -> None:
-            updatable = mode.startswith("toggled") or (mode.startswith("mixed") and path == SPARSE)
+            updatable = mode.startswith(TOGGLED) or (mode.startswith("mixed") and path == SPARSE)
             if foreign:
                 before = driver.capture_leaf(stream.cuda_stream) if updatable else None
                 totals[path:path + 1].add_(1.0)
@@ -288,8 +298,8 @@ def time_toggle_graphs(layers: int, grid: int, reps: int, upload: bool, foreign:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
             if num_updatable:  # the planner reads the handle table at replay; it is filled after capture
-                driver.launch(kernels.plan, -(-num_updatable // THREADS), stream.cuda_stream,
-                              [ptr(table), ptr(table_path), ctypes.c_int(num_updatable), ptr(flag)])
+                driver.launch(kernels.plan, 1, stream.cuda_stream, [ptr(table), ptr(table_path), ctypes.c_int(num_updatable),
+                                                                    ptr(flag), ptr(applied), ctypes.c_int(mode.startswith("kept"))])
             for _ in range(layers):
                 for path, kernels_per_layer in ((DENSE, DENSE_KERNELS), (SPARSE, SPARSE_KERNELS)):
                     if mode != ("sparse", "dense")[path]:
@@ -303,15 +313,19 @@ def time_toggle_graphs(layers: int, grid: int, reps: int, upload: bool, foreign:
             table_path[:num_updatable].copy_(torch.tensor(paths, dtype=torch.int32))
         if upload:
             driver.upload(graph.raw_cuda_graph_exec(), stream.cuda_stream)
-        flag.fill_(want)
-        counts.zero_(), totals.zero_()
-        torch.cuda.synchronize()
-        graph.replay()
-        torch.cuda.synchronize()
-        ran = [int(v) for v in (totals if foreign else counts).tolist()]
+        applied.fill_(-1)
+        replays = []
+        # twice the mode's own flag (do device-side updates persist?), then, where both paths are recorded, the other
+        # flag and back: the timed replays run with the mode's own
+        for step_flag in (want, want) + ((1 - want, want) if num_updatable else ()):
+            flag.fill_(step_flag)
+            counts.zero_(), totals.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            ran = [int(v) for v in (totals if foreign else counts).tolist()]
+            replays.append({"flag": step_flag, "dense_blocks": ran[DENSE], "sparse_blocks": ran[SPARSE]})
         cells.append({"layers": layers, "grid": 1 if foreign else grid, "mode": mode, "kernels": "torch" if foreign else "probe",
-                      "upload": upload, "updatable_nodes": num_updatable, "dense_blocks": ran[DENSE],
-                      "sparse_blocks": ran[SPARSE], **replay_times(graph, reps)})
+                      "upload": upload, "updatable_nodes": num_updatable, "replays": replays, **replay_times(graph, reps)})
         del graph
     return cells
 
@@ -327,16 +341,18 @@ def summarize(cells: Sequence[dict]) -> dict:
     layers = by_mode["dense"]["layers"]
     per_layer = {m: by_mode[m]["idle_to_done_us"] / layers for m in wanted}
     over = {f"{m}_over_{m.split('_')[1]}_us": per_layer[m] - per_layer[m.split("_")[1]] for m in wanted if "_" in m}
-    ran_as_flagged = all({k: c[k] for k in ("dense_blocks", "sparse_blocks")} == expected_blocks(c["mode"], c["layers"], c["grid"])
-                         for c in cells)
+    ran_as_flagged = all(r == expected_blocks(r["flag"], c["layers"], c["grid"]) for c in cells for r in c["replays"])
     return {"layers": layers, "us_per_layer": per_layer, **over, "ran_as_flagged": ran_as_flagged}
 
 
 def markdown(cells: Sequence[dict], fit: dict) -> str:
-    lines = ["| graph | updatable nodes | blocks counted (dense / sparse) | replay + sync µs | µs per layer |",
-             "|---|---:|---:|---:|---:|"]
-    lines += [f"| {c['mode']} | {c['updatable_nodes']} | {c['dense_blocks']} / {c['sparse_blocks']} | "
-              f"{c['idle_to_done_us']:.1f} | {fit['us_per_layer'][c['mode']]:.2f} |" for c in cells]
+    lines = ["| graph | updatable nodes | blocks counted (dense / sparse) by replay, flag | replay + sync µs | µs per layer |",
+             "|---|---:|---|---:|---:|"]
+    names = {DENSE: "dense", SPARSE: "sparse"}
+    for c in cells:
+        ran = "; ".join(f"{r['dense_blocks']} / {r['sparse_blocks']} ({names[r['flag']]})" for r in c["replays"])
+        lines.append(f"| {c['mode']} | {c['updatable_nodes']} | {ran} | {c['idle_to_done_us']:.1f} | "
+                     f"{fit['us_per_layer'][c['mode']]:.2f} |")
     over = ", ".join(f"{key[:-3].replace('_over_', ' over ')} {value:+.2f} µs" for key, value in fit.items() if key.endswith("_us"))
     lines.append(f"\nper layer: {over}; ran as flagged: {fit['ran_as_flagged']}")
     return "\n".join(lines)

@@ -32,18 +32,22 @@ def test_launch_structs_have_the_driver_layout():
 def _cells(layers: int = 3, grid: int = 5, off_by: int = 0, foreign: bool = False) -> list[dict]:
     cells = []
     for i, mode in enumerate(probe.modes(foreign)):
-        blocks = probe.expected_blocks(mode, layers, grid)
+        want = probe.DENSE if mode == "dense" or mode.endswith("_dense") else probe.SPARSE
+        flags = [want, want] + ([1 - want, want] if probe.updatable_nodes(mode, layers) else [])
+        replays = [probe.expected_blocks(f, layers, grid) for f in flags]
+        if mode == "kept_sparse":  # dense kernels that ran on the replay after the flip back
+            replays[-1] = {**replays[-1], "dense_blocks": replays[-1]["dense_blocks"] + off_by}
         cells.append({"layers": layers, "grid": grid, "mode": mode, "upload": True, "kernels": "torch" if foreign else "probe",
-                      "updatable_nodes": probe.updatable_nodes(mode, layers),
-                      "dense_blocks": blocks["dense_blocks"] + (off_by if mode == "mixed_sparse" else 0),
-                      "sparse_blocks": blocks["sparse_blocks"], "idle_to_done_us": 10.0 * layers + i * layers})
+                      "updatable_nodes": probe.updatable_nodes(mode, layers), "replays": replays,
+                      "idle_to_done_us": 10.0 * layers + i * layers})
     return cells
 
 
 def test_each_mode_counts_only_its_flagged_path():
-    assert probe.expected_blocks("toggled_dense", 40, 132) == {"dense_blocks": 2 * 40 * 132, "sparse_blocks": 0}
-    assert probe.expected_blocks("mixed_sparse", 40, 132) == {"dense_blocks": 0, "sparse_blocks": 4 * 40 * 132}
-    assert probe.updatable_nodes("toggled_sparse", 40) == 240 and probe.updatable_nodes("mixed_dense", 40) == 160
+    assert probe.expected_blocks(probe.DENSE, 40, 132) == {"flag": probe.DENSE, "dense_blocks": 2 * 40 * 132, "sparse_blocks": 0}
+    assert probe.expected_blocks(probe.SPARSE, 40, 132) == {"flag": probe.SPARSE, "dense_blocks": 0, "sparse_blocks": 4 * 40 * 132}
+    assert probe.updatable_nodes("toggled_sparse", 40) == 240 and probe.updatable_nodes("kept_dense", 40) == 240
+    assert probe.updatable_nodes("mixed_dense", 40) == 160
     assert probe.updatable_nodes("dense", 40) == 0
 
 
@@ -52,15 +56,16 @@ def test_summary_prices_each_switch_against_its_own_path_and_catches_a_wrong_cou
     assert fit["ran_as_flagged"]
     per_layer = fit["us_per_layer"]
     assert per_layer["dense"] == pytest.approx(10.0) and per_layer["toggled_sparse"] == pytest.approx(13.0)
-    assert fit["toggled_dense_over_dense_us"] == pytest.approx(2.0)
-    assert fit["mixed_sparse_over_sparse_us"] == pytest.approx(4.0)
+    assert fit["toggled_dense_over_dense_us"] == pytest.approx(2.0) and fit["kept_sparse_over_sparse_us"] == pytest.approx(4.0)
+    assert fit["mixed_sparse_over_sparse_us"] == pytest.approx(6.0)
     table = probe.markdown(_cells(), fit)
-    assert "| toggled_sparse | 18 | 0 / 60 |" in table and "toggled_dense over dense +2.00 µs" in table
+    assert "| toggled_sparse | 18 | 0 / 60 (sparse); 0 / 60 (sparse); 30 / 0 (dense); 0 / 60 (sparse) |" in table
+    assert "| dense | 0 | 30 / 0 (dense); 30 / 0 (dense) |" in table and "toggled_dense over dense +2.00 µs" in table
     assert not probe.summarize(_cells(off_by=5))["ran_as_flagged"]  # dense kernels ran in a sparse-flagged replay
     with pytest.raises(ValueError, match="lack modes"):
         probe.summarize(_cells()[:-1])
     foreign = probe.summarize(_cells(foreign=True))  # kernels launched by others: no mixed graphs
-    assert foreign["ran_as_flagged"] and set(foreign["us_per_layer"]) == set(probe.MODES[:4])
+    assert foreign["ran_as_flagged"] and set(foreign["us_per_layer"]) == set(probe.MODES[:6])
     assert "mixed_sparse_over_sparse_us" not in foreign
 
 
