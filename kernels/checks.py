@@ -429,10 +429,13 @@ CUDA_CASES = [
     SelectCase((16 * 1031 + 5, 16 * 77 + 1), group=8, head_dim=128, page_budget=64, num_kv_heads=4),
     SelectCase((16 * 211 + 13, 16 * 40), group=5, head_dim=128, page_budget=9, num_kv_heads=2, query_spread=1.5),
     SelectCase((16 * 90 + 3,), group=16, head_dim=128, page_budget=12, num_kv_heads=1, query_spread=1.5),
+    # A table as wide as the engine's at 640K with k = 128: the merge path in 32 chunks of several key steps
+    # each and a full 32 x 128 candidate tile, the chunked path in 32 chunks of several blocks
+    SelectCase((16 * 40960 + 3, 16 * 20000 + 9), group=8, head_dim=128, page_budget=128, num_kv_heads=2),
 ]
 
 
-def cuda_battery(device: str, seed: int, paths=("chunked", "one")) -> list[CheckResult]:
+def cuda_battery(device: str, seed: int, paths=SELECT_PATHS) -> list[CheckResult]:
     """CUDA_CASES through the CUDA score kernel, each also failing if the kernel did not serve it (fell back to
     Triton): the GPU check before timing `scorer_kernel="cuda"` (`python -m ...lab.kernel_checks --cuda`)."""
     from .score import cuda as cuda_score  # noqa: PLC0415 - needs a GPU to mean anything

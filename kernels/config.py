@@ -88,7 +88,7 @@ class SummaryFormat:
 # "one" (keys, then the pair's last program selects: select/one.py) and "chunked" (keys, gather, resolve over
 # chunks of the table: select/chunked.py; four launches when the crossover below was measured, three since
 # 02af4ae, 4-5 µs a layer faster at 512K-1M: the crossover is not re-measured). Both select the same pages.
-SELECT_PATHS: tuple[str, ...] = ("one", "chunked")
+SELECT_PATHS: tuple[str, ...] = ("one", "chunked", "merge")
 # The backend's `select` setting: a path, or "auto" (the default), which picks one per engine from its
 # block-table width (its max_model_len / 16). The one-launch path's last program works alone through every
 # contested page, and in the 40-layer engine that serial tail loses to the chunked path's parallel launches on

@@ -22,6 +22,7 @@ from .score import cuda as _cuda_score
 from .score import pages as _ss
 from .score import transposed as _score_t
 from .select import chunked as _sel
+from .select import merge as _merge
 from .select import one as _one
 from .triton_common import (
     FP32_EPS,
@@ -192,7 +193,7 @@ def score_select(
           f"S*Hkv={num_seqs * num_kv_heads}, max_pages={block_table.shape[1]}, G={group} (slots: a power of two >= G); "
           "rebuild it with score_select_workspace(max_num_seqs, Hkv, max_pages, device, group_size=G)")
     chunks = _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning)
-    _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, tuning)
+    _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, tuning, table_pages=block_table.shape[1])
 
 
 _CUDA_DECLINED: set[str] = set()
@@ -275,11 +276,22 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     return chunks
 
 
+_MERGE_DECLINED: set[tuple[int, int]] = set()
+
+
+def merge_plan_for(pairs: int, table_pages: int, page_budget: int, device_idx: int | None,
+                   tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING) -> _merge.MergePlan | None:
+    """The merge path's launch shape for this batch shape, or None where it declines (the chunked path runs)."""
+    return _merge.merge_plan(pairs, table_pages, page_budget, num_sms(device_idx), tuning.select_chunks)
+
+
 def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget,
-                   tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING) -> None:
-    """The selection launches of score_select after the score kernel (`tuning.select_path`: one
-    launch, select/one.py, or three, select/chunked.py; arguments already checked), over
-    min(score_chunks, tuning.select_chunks) chunks per pair. The kernel bench times them alone."""
+                   tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING, table_pages: int | None = None) -> None:
+    """The selection launches of score_select after the score kernel (`tuning.select_path`: one launch,
+    select/merge.py or select/one.py, or three, select/chunked.py; arguments already checked). The chunked
+    and one-launch paths run min(score_chunks, tuning.select_chunks) chunks per pair, the merge path
+    `merge_plan_for`'s. table_pages: the block table's width (default: the workspace's). The kernel bench
+    times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
     chunks = max(1, min(score_chunks, tuning.select_chunks))
@@ -288,6 +300,23 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
     sizes = (num_kv_heads, ws.max_pages, chunks, page_budget)
     keys = dict(G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
                 STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, SCP=next_pow2(score_chunks), **common)
+    if tuning.select_path == "merge":
+        plan = merge_plan_for(pairs, table_pages or ws.max_pages, page_budget, device_index(seq_lens), tuning)
+        if plan is not None:
+            _merge._merge_select_kernel[(pairs, plan.chunks)](
+                ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages,
+                num_kv_heads, ws.max_pages, plan.chunks, page_budget, score_chunks,
+                G=group, GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=_sel.COMBINE_CODES[combine],
+                STEPS=_sel.KEY_STEPS_PER_UNIT, SCP=next_pow2(score_chunks), SUB=min(_merge.KEYS_SUB_BLOCK, plan.block),
+                BLOCK=plan.block, CH_PAD=next_pow2(plan.chunks), KC=next_pow2(max(page_budget - 2, 1)),
+                K_PAD=next_pow2(page_budget), KEY_BITS=_merge.KEY_BITS, PDL=tuning.pdl, launch_pdl=tuning.pdl,
+                num_warps=_merge.MERGE_WARPS,
+            )
+            return
+        if (pairs, page_budget) not in _MERGE_DECLINED:
+            _MERGE_DECLINED.add((pairs, page_budget))
+            log.warning("merge selection declines k=%d on %d pairs (its candidate tile would pass %d); the chunked "
+                        "path runs", page_budget, pairs, _merge.MAX_CANDIDATES)
     if tuning.select_path == "one":
         _one._keys_select_kernel[(pairs, chunks)](
             ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, ws.cand_low, ws.cand_page,

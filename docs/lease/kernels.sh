@@ -10,7 +10,7 @@ for d in kernels harness suites reports locks_cli; do ln -sfn "$R/$d" "/tmp/lt/l
 export PYTHONPATH=/tmp/lt PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
 if [ "${1:-}" = checks ]; then
     python3 -m locks_toolkit.harness.lab.kernel_checks --cuda
-    python3 -m locks_toolkit.harness.lab.kernel_checks --select chunked,one --scorer cuda
+    python3 -m locks_toolkit.harness.lab.kernel_checks --select chunked,one,merge --scorer cuda
 else
     "$@"
 fi

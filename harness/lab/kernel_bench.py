@@ -483,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--select", default=BackendSettings.select, help="the backend's `select` setting")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
@@ -490,7 +491,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = KernelBenchConfig(preset=args.preset, contexts=parse_size_list(args.contexts),
                                 batch_sizes=parse_size_list(args.batch), budget_tokens=args.budget,
                                 summary_format=args.summary_format, combine=args.combine, replays=args.replays,
-                                seed=args.seed)
+                                seed=args.seed, select=args.select)
         sink = (lambda record: append_record(args.out, record)) if args.out else None
         records = run_kernel_bench(cfg, reproduce_command(), sink=sink)
     except ConfigError as exc:

@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Kernel checks against the torch references.")
     parser.add_argument("--select", metavar="PATHS", help=f"only the select cases on bf16, for these paths "
                         f"(comma-separated, of {', '.join(SELECT_PATHS)})")
-    parser.add_argument("--cuda", action="store_true", help="the CUDA score kernel's cases (CUDA_CASES), chunked and one")
+    parser.add_argument("--cuda", action="store_true", help="the CUDA score kernel's cases (CUDA_CASES), every selection path")
     parser.add_argument("--decode", action="store_true", help="the decode cases under each of DECODE_TUNINGS")
     parser.add_argument("--scorer", default=_SCORER_DEFAULT, choices=tuple(SCORER_KERNELS),
                         help="with --select: the score kernel's code path (score_select.SCORER_KERNELS)")

@@ -184,15 +184,11 @@ def _last_to_arrive(counter, num_chunks):
 
 
 @triton.jit
-def _chunk_keys(
-    scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
-    max_pages, num_chunks, num_score_chunks,
-    G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, RULE: tl.constexpr,
-    BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
-    SCP: tl.constexpr,
-):
-    """Keys and histogram counts of the contested pages of one selection chunk of one pair (SCP: the
-    score chunks' count rounded up to a power of two; MAXC is only the workspace stride)."""
+def _group_normalizer(chunk_max_ptr, chunk_sum_ptr, pair, num_score_chunks,
+                      G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, RULE: tl.constexpr, SCP: tl.constexpr):
+    """(heads with shares [GS], log Z_g [GS], the rule's offset) of one pair from the score kernel's
+    `num_score_chunks` chunk normalizers (SCP: their count rounded up to a power of two; MAXC is only the
+    workspace stride)."""
     g = tl.arange(0, GS)
     gm = g < G
     ch = tl.arange(0, SCP)
@@ -216,6 +212,44 @@ def _chunk_keys(
         offset = tl.log(G * 1.0)
     else:
         offset = 0.0
+    return has_mass, log_norm, offset
+
+
+@triton.jit
+def _page_keys(sc, pm, has_mass, log_norm, offset, RULE: tl.constexpr, STEPS: tl.constexpr):
+    """Fixed-point group keys [N] (int32, 0 .. 64 * STEPS - 1) of the pages whose scores sc [N, GS] were
+    loaded (pm: the lanes holding a page)."""
+    if RULE == 2:
+        x = sc
+    else:  # log share per head; -inf (share 0) for heads without shares, as in the reference
+        x = tl.where(has_mass[None, :], sc - log_norm[None, :], float("-inf"))
+    x_max = tl.max(x, axis=1)
+    if RULE == 1:  # group_max: the largest share
+        key = x_max
+    else:
+        x_safe = tl.where(x_max == float("-inf"), 0.0, x_max)
+        key = x_safe + tl.log(tl.where(pm, tl.sum(tl.exp(x - x_safe[:, None]), axis=1), 1.0))
+    key = key - offset
+    # NaN (from NaN inputs; the reference counts NaN as -inf) becomes the lowest key: a NaN cast
+    # to int would index the histogram out of bounds.
+    key = tl.minimum(tl.maximum(tl.where(key == key, key, -64.0), -64.0), 0.0)
+    fixed = (key * STEPS).to(tl.int32) + 64 * STEPS  # 0 = share <= e^-64
+    return tl.minimum(fixed, 64 * STEPS - 1)
+
+
+@triton.jit
+def _chunk_keys(
+    scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
+    max_pages, num_chunks, num_score_chunks,
+    G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, RULE: tl.constexpr,
+    BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
+    SCP: tl.constexpr, HISTOGRAM: tl.constexpr = True,
+):
+    """Keys of the contested pages of one selection chunk of one pair, and (HISTOGRAM) their counts in the
+    pair's histogram row."""
+    has_mass, log_norm, offset = _group_normalizer(chunk_max_ptr, chunk_sum_ptr, pair, num_score_chunks, G, GS, MAXC, RULE, SCP)
+    g = tl.arange(0, GS)
+    gm = g < G
     first, last = _chunk_range(num_pages, chunk, num_chunks)
     score_rows = scores_ptr + pair.to(tl.int64) * max_pages * GS
     lane = tl.arange(0, BLOCK)
@@ -229,27 +263,13 @@ def _chunk_keys(
         ahead = page + BLOCK
         sc_next = tl.load(score_rows + ahead[:, None] * GS + g[None, :], mask=(ahead < last)[:, None] & gm[None, :],
                           other=float("-inf"))
-        if RULE == 2:
-            x = sc
-        else:  # log share per head; -inf (share 0) for heads without shares, as in the reference
-            x = tl.where(has_mass[None, :], sc - log_norm[None, :], float("-inf"))
-        x_max = tl.max(x, axis=1)
-        if RULE == 1:  # group_max: the largest share
-            key = x_max
-        else:
-            x_safe = tl.where(x_max == float("-inf"), 0.0, x_max)
-            key = x_safe + tl.log(tl.where(pm, tl.sum(tl.exp(x - x_safe[:, None]), axis=1), 1.0))
-        key = key - offset
-        # NaN (from NaN inputs; the reference counts NaN as -inf) becomes the lowest key: a NaN cast
-        # to int would index the histogram out of bounds.
-        key = tl.minimum(tl.maximum(tl.where(key == key, key, -64.0), -64.0), 0.0)
-        fixed = (key * STEPS).to(tl.int32) + 64 * STEPS  # 0 = share <= e^-64
-        fixed = tl.minimum(fixed, 64 * STEPS - 1)
+        fixed = _page_keys(sc, pm, has_mass, log_norm, offset, RULE, STEPS)
         tl.store(keys_ptr + pair.to(tl.int64) * max_pages + page, fixed, mask=pm)
-        digit = fixed >> LOW_BITS
-        hist_row = hist_ptr + pair * (NBINS + _COARSE)
-        _add_to_histogram(hist_row, digit, pm, WINDOW, NBINS)
-        _add_to_histogram(hist_row + NBINS, digit // (NBINS // _COARSE), pm, _COARSE, _COARSE)
+        if HISTOGRAM:
+            digit = fixed >> LOW_BITS
+            hist_row = hist_ptr + pair * (NBINS + _COARSE)
+            _add_to_histogram(hist_row, digit, pm, WINDOW, NBINS)
+            _add_to_histogram(hist_row + NBINS, digit // (NBINS // _COARSE), pm, _COARSE, _COARSE)
         sc = sc_next
 
 

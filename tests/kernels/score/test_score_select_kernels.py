@@ -185,6 +185,78 @@ def test_one_launch_tail_in_small_steps_matches_reference(device, case, block, c
     assert result.ok, str(result)
 
 
+# The merge path's cases: several sequences with partial pages and a dense one, G = 7 under group_max, G = 8 at
+# d = 256 under group_mass, identical pages (every key tied), a workspace for a larger group, k = 600 over 700
+# tied pages, near-flat pages.
+MERGE_CASES = [SELECT_CASES[i] for i in (0, 2, 3, 6, 12, 18, 19, 20)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", MERGE_CASES, ids=_case_id)
+def test_merge_select_matches_reference(device, case):
+    """Each chunk's top-(k-2), merged by the pair's last program (select/merge.py), against the reference."""
+    result = _check(device, case, tuning=ScoreTuning(select_path="merge"))
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case, min_pages, max_block", [
+    (G8_D128_CASE, 4, 4096),  # up to 32 chunks of a few pages: fewer than k - 2 each, every page a candidate
+    (SELECT_CASES[20], 4, 16),  # chunks of 16 pages over 200: more than k - 2 each, the chunk's own search
+    (MANY_PAGES_CASE, 1, 64),  # 24 chunks of up to 64 keys: several key steps, a crowded candidate tile
+], ids=lambda v: f"G{v.group}-k{v.page_budget}-n{sum(v.seq_lens)}" if isinstance(v, SelectCase) else str(v))
+def test_merge_select_over_many_chunks_matches_reference(device, case, min_pages, max_block, monkeypatch):
+    """The merge path with the chunk count of a 132-SM GPU: chunks whose lists hold all their pages and
+    chunks that search their own threshold, the last program's tile of every chunk's list."""
+    from locks_toolkit.kernels import ops
+    from locks_toolkit.kernels.select import merge
+
+    monkeypatch.setattr(ops, "num_sms", lambda _: 132)
+    monkeypatch.setattr(merge, "MIN_CHUNK_PAGES", min_pages)
+    monkeypatch.setattr(merge, "MAX_BLOCK", max_block)
+    monkeypatch.setattr(merge, "KEYS_SUB_BLOCK", 16)
+    q_dtype = torch.bfloat16 if case is MANY_PAGES_CASE else torch.float32
+    result = _check(device, case, q_dtype=q_dtype, tuning=ScoreTuning(select_path="merge"))
+    assert result.ok, str(result)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_merge_select_declines_a_budget_its_tile_cannot_hold(device, monkeypatch, caplog):
+    """Where chunks x (k - 2) would pass the last program's tile, the chunked path selects (and says so once)."""
+    from locks_toolkit.kernels import ops
+    from locks_toolkit.kernels.select import merge
+
+    monkeypatch.setattr(merge, "MAX_CANDIDATES", 2)  # k - 2 = 4 candidates a chunk
+    monkeypatch.setattr(ops, "_MERGE_DECLINED", set())
+    with caplog.at_level("WARNING", logger=ops.log.name):
+        result = _check(device, SELECT_CASES[0], tuning=ScoreTuning(select_path="merge"))
+    assert result.ok, str(result)
+    assert sum("merge selection declines" in r.getMessage() for r in caplog.records) == 1, caplog.text
+
+
+def test_merge_plan_covers_every_contested_page_within_its_limits():
+    """Chunks x block covers the widest table's contested pages, each chunk fits a block, the last program's tile
+    fits MAX_CANDIDATES; one wave of programs at most where the table allows; None where k cannot fit."""
+    from locks_toolkit.kernels.select.merge import MAX_BLOCK, MAX_CANDIDATES, MIN_CHUNK_PAGES, merge_plan
+    from locks_toolkit.kernels.triton_common import cdiv, next_pow2
+
+    for pairs in (1, 4, 16, 128):
+        for table_pages in (3, 64, 1030, 2056, 16448, 65600, 131072):
+            for k in (4, 16, 128, 512):
+                plan = merge_plan(pairs, table_pages, k, num_sms=132, max_chunks=32)
+                contested = table_pages - 2
+                if plan is None:
+                    assert next_pow2(cdiv(contested, MAX_BLOCK)) * next_pow2(k - 2) > MAX_CANDIDATES or \
+                        next_pow2(min(32, cdiv(132, pairs), cdiv(contested, MIN_CHUNK_PAGES))) * next_pow2(k - 2) > MAX_CANDIDATES
+                    continue
+                assert plan.chunks * plan.block >= contested and cdiv(contested, plan.chunks) <= plan.block <= MAX_BLOCK
+                assert next_pow2(plan.chunks) * next_pow2(k - 2) <= MAX_CANDIDATES
+                if cdiv(contested, MAX_BLOCK) <= 32:
+                    assert plan.chunks <= max(1, cdiv(132, pairs), 32)
+    assert merge_plan(4, 65600, 128, num_sms=132, max_chunks=32).chunks == 32  # 1M bs1: one program per SM
+    assert merge_plan(1, 65600, 2048, num_sms=132, max_chunks=32) is None  # k = 2048 over 17 chunks: 32 x 2048
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case, coarse_pick, path", [
     (MANY_PAGES_CASE, True, "one"), (MANY_PAGES_CASE, False, "chunked"),  # each pick on each path, once
@@ -223,7 +295,8 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     picks = []
     for tuning in (ScoreTuning(), ScoreTuning(select_path="one"), ScoreTuning(select_path="one", coarse_pick=False),
-                   ScoreTuning(coarse_pick=False), ScoreTuning(), ScoreTuning(select_path="one")):
+                   ScoreTuning(select_path="merge"), ScoreTuning(coarse_pick=False), ScoreTuning(),
+                   ScoreTuning(select_path="merge"), ScoreTuning(select_path="one")):
         selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
         ops.score_select(q, rows, table, lens, selected, layout, k, d**-0.5, workspace=ws, tuning=tuning)
         picks.append(selected.cpu())
@@ -238,7 +311,7 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", ["one", "chunked"])
+@pytest.mark.parametrize("path", ["one", "chunked", "merge"])
 def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path):
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
@@ -370,9 +443,9 @@ def test_paired_codes_and_query_rows_pair_the_same_dims(device):
 
 
 @pytest.mark.parametrize("device", [d for d in DEVICES if d == "cpu"] or [pytest.param("cpu", marks=pytest.mark.skip(reason="interpreter only"))])
-@pytest.mark.parametrize("path", ["one", "chunked"])
+@pytest.mark.parametrize("path", ["one", "chunked", "merge"])
 def test_selection_does_not_depend_on_the_order_programs_run_in(device, path):
-    """The path whose last program to arrive finishes the pair (one) or whose programs share
+    """The paths whose last program to arrive finishes the pair (one, merge) or whose programs share
     counters (chunked), with every launch's programs run in reverse grid order (`reversed_program_order`)."""
     from locks_toolkit.kernels.checks import reversed_program_order
 
