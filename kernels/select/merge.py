@@ -121,8 +121,8 @@ def _merge_select_kernel(
             cand_key = tl.load(cand_key_row + at, mask=valid, other=-1, cache_modifier=".cg")
             cand_page = tl.load(cand_page_row + at, mask=valid, other=0, cache_modifier=".cg")
             # Chunk-major lanes are in page order, so ranks in lane order write the pages ascending.
-            take, rank = _top_ranks(cand_key, need, KEY_BITS)
-            tl.store(out_row + 1 + rank, cand_page, mask=take)
+            picked, out_rank = _top_ranks(cand_key, need, KEY_BITS)  # names of their own: another shape than the chunk's
+            tl.store(out_row + 1 + out_rank, cand_page, mask=picked)
             tl.store(out_row, 0)
             tl.store(out_row + K - 1, num_pages - 1)  # the recent page
     elif chunk == 0:
