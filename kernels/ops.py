@@ -309,7 +309,10 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
                 G=group, GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=_sel.COMBINE_CODES[combine],
                 STEPS=_sel.KEY_STEPS_PER_UNIT, SCP=next_pow2(score_chunks), SUB=min(_merge.KEYS_SUB_BLOCK, plan.block),
                 BLOCK=plan.block, CH_PAD=next_pow2(plan.chunks), KC=next_pow2(max(page_budget - 2, 1)),
-                K_PAD=next_pow2(page_budget), KEY_BITS=_merge.KEY_BITS, PDL=tuning.pdl, launch_pdl=tuning.pdl,
+                K_PAD=next_pow2(page_budget), KEY_BITS=_merge.KEY_BITS,
+                CHUNK_WAYS=_merge.log_ways(plan.block, _merge.MERGE_WARPS),
+                TILE_WAYS=_merge.log_ways(next_pow2(plan.chunks) * next_pow2(max(page_budget - 2, 1)), _merge.MERGE_WARPS),
+                PDL=tuning.pdl, launch_pdl=tuning.pdl,
                 num_warps=_merge.MERGE_WARPS,
             )
             return

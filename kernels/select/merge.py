@@ -29,7 +29,7 @@ import triton.language as tl
 
 from ..triton_common import cdiv, enter_dependent, next_pow2
 from .chunked import _arrivals, _chunk_keys, _chunk_range, _count_row, _dense_row, _last_to_arrive, _program_pages
-from .one import _search_low, _span
+from .one import _span
 
 MERGE_WARPS = 8
 KEYS_SUB_BLOCK = 512  # pages per step of the key loop (scores [512, GS] a step, as chunked.py)
@@ -60,7 +60,30 @@ def merge_plan(pairs: int, table_pages: int, page_budget: int, num_sms: int, max
 
 
 @triton.jit
-def _top_ranks(key, need, KEY_BITS: tl.constexpr):
+def _search_top(key, need, prefix, bits, LOG_WAYS: tl.constexpr):
+    """Largest v in [prefix, prefix + 2^bits) with #(key >= v) >= need (given one exists), LOG_WAYS bits a
+    pass: one reduction counts the keys at or above each of the pass's 2^LOG_WAYS trial values. A block-wide
+    count is a chain of barriers and shuffles (~300 cycles at 8 warps), so fewer, wider passes win until
+    the compares outweigh it (`log_ways`)."""
+    trial_digit = tl.arange(0, 1 << LOG_WAYS)
+    low = prefix
+    for _ in range(tl.cdiv(bits, LOG_WAYS)):
+        step = tl.minimum(bits, LOG_WAYS)
+        bits -= step
+        trial = low + (trial_digit << bits)  # digit 0 is low itself, which always has `need`
+        counts = tl.sum((key[:, None] >= trial[None, :]).to(tl.int32), axis=0)
+        fits = (trial_digit < (1 << step)) & (counts >= need)
+        low += tl.max(tl.where(fits, trial_digit, 0), axis=0) << bits
+    return low
+
+
+def log_ways(lanes: int, warps: int) -> int:
+    """Bits a pass of `_search_top` over `lanes` keys: 8 trials where a thread holds at most 4 keys, else 4."""
+    return 3 if lanes <= 4 * 32 * warps else 2
+
+
+@triton.jit
+def _top_ranks(key, need, KEY_BITS: tl.constexpr, LOG_WAYS: tl.constexpr):
     """Which lanes of key (>= 0; -1: no page) are among the `need` largest by (key descending, lane
     ascending), and each taken lane's rank among them in lane order (0-based). All valid lanes where there
     are at most `need`."""
@@ -70,7 +93,7 @@ def _top_ranks(key, need, KEY_BITS: tl.constexpr):
         lo = tl.min(tl.where(key >= 0, key, (1 << KEY_BITS) - 1), axis=0)
         hi = tl.max(key, axis=0)
         prefix, bits = _span(lo, hi, KEY_BITS)
-        threshold = _search_low(prefix, bits, need, key)
+        threshold = _search_top(key, need, prefix, bits, LOG_WAYS)
     gt = key > threshold
     tie = key == threshold
     ties_wanted = need - tl.sum(gt.to(tl.int32), axis=0)
@@ -87,7 +110,8 @@ def _merge_select_kernel(
     num_kv_heads, max_pages, num_chunks, K, num_score_chunks,
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     STEPS: tl.constexpr, SCP: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr,
-    CH_PAD: tl.constexpr, KC: tl.constexpr, K_PAD: tl.constexpr, KEY_BITS: tl.constexpr, PDL: tl.constexpr = False,
+    CH_PAD: tl.constexpr, KC: tl.constexpr, K_PAD: tl.constexpr, KEY_BITS: tl.constexpr,
+    CHUNK_WAYS: tl.constexpr = 2, TILE_WAYS: tl.constexpr = 2, PDL: tl.constexpr = False,
 ):
     """Each chunk's top-(k-2), then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
     tl.static_assert(BLOCK < 65536 and CH_PAD * KC < 65536)  # _top_ranks packs two counts in 16 bits each
@@ -106,7 +130,7 @@ def _merge_select_kernel(
         first, last = _chunk_range(num_pages, chunk, num_chunks)
         page = first + tl.arange(0, BLOCK)
         key = tl.load(key_row + page, mask=page < last, other=-1)
-        take, rank = _top_ranks(key, need, KEY_BITS)
+        take, rank = _top_ranks(key, need, KEY_BITS, CHUNK_WAYS)
         tl.store(cand_key_row + first + rank, key, mask=take)  # rank <= lane: inside the chunk's range
         tl.store(cand_page_row + first + rank, page, mask=take)
         count_row = _count_row(counts_ptr, pair, MAXC)
@@ -121,7 +145,7 @@ def _merge_select_kernel(
             cand_key = tl.load(cand_key_row + at, mask=valid, other=-1, cache_modifier=".cg")
             cand_page = tl.load(cand_page_row + at, mask=valid, other=0, cache_modifier=".cg")
             # Chunk-major lanes are in page order, so ranks in lane order write the pages ascending.
-            picked, out_rank = _top_ranks(cand_key, need, KEY_BITS)  # names of their own: another shape than the chunk's
+            picked, out_rank = _top_ranks(cand_key, need, KEY_BITS, TILE_WAYS)  # names of their own: another shape than the chunk's
             tl.store(out_row + 1 + out_rank, cand_page, mask=picked)
             tl.store(out_row, 0)
             tl.store(out_row + K - 1, num_pages - 1)  # the recent page
