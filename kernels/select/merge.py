@@ -15,9 +15,10 @@ chunks x (k-2) candidates in registers the same way and writes the row, ascendin
 
 Against chunked.py's three launches this has one launch, no histogram and no atomic but the arrival, and
 its serial step is O(chunks * k), not O(pages); against one.py it has no pass over every key in one program.
-`merge_plan` sizes the chunks: one wave of programs, at least MIN_CHUNK_PAGES pages each, and a candidate
-tile of at most MAX_CANDIDATES; where that cannot hold (k very large for the table), `plan` is None and the
-caller runs the chunked path.
+`merge_plan` sizes the chunks: on short tables chunks of at most k - 2 pages, whose lists are all their
+pages (one search, in the last program); else one wave of programs, at least MIN_CHUNK_PAGES pages each;
+a candidate tile of at most MAX_CANDIDATES. Where that cannot hold (k very large for the table) the plan is
+None and the caller runs the chunked path.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ KEYS_SUB_BLOCK = 512  # pages per step of the key loop (scores [512, GS] a step,
 MAX_BLOCK = 4096  # contested pages of one chunk at most: held in registers (16 keys a thread at 8 warps)
 MAX_CANDIDATES = 8192  # the last program's tile, next_pow2(chunks) x next_pow2(k - 2)
 MIN_CHUNK_PAGES = 256  # below this many pages a chunk, fewer chunks: the last program's tile shrinks with them
+LIST_ALL_TILE = 4096  # the largest tile of short tables' chunks of <= k - 2 pages (no search in the chunks)
 KEY_BITS = 23  # chunked.py's keys: 0 .. 64 * KEY_STEPS_PER_UNIT - 1
 
 
@@ -48,10 +50,15 @@ class MergePlan:
 
 
 def merge_plan(pairs: int, table_pages: int, page_budget: int, num_sms: int, max_chunks: int) -> MergePlan | None:
-    """Chunks for a batch of `pairs` (sequence, KV head) pairs on a block table `table_pages` wide: about one
-    wave of programs (at most `max_chunks` a pair), >= MIN_CHUNK_PAGES pages each where the table allows, <=
-    MAX_BLOCK; None where the last program's candidate tile would pass MAX_CANDIDATES."""
+    """Chunks for a batch of `pairs` (sequence, KV head) pairs on a block table `table_pages` wide. Chunks of
+    at most k - 2 pages where their tile fits LIST_ALL_TILE (short tables: every page is a candidate, one
+    search in all); else about one wave of programs (at most `max_chunks` a pair), >= MIN_CHUNK_PAGES pages
+    each where the table allows, <= MAX_BLOCK. None where the last program's tile would pass MAX_CANDIDATES."""
     contested = max(table_pages - 2, 1)
+    need = max(page_budget - 2, 1)
+    if next_pow2(cdiv(contested, need)) * next_pow2(need) <= LIST_ALL_TILE:
+        chunks = cdiv(contested, need)
+        return MergePlan(chunks=chunks, block=next_pow2(cdiv(contested, chunks)))
     chunks = max(1, min(max_chunks, cdiv(num_sms, pairs), cdiv(contested, MIN_CHUNK_PAGES)))
     chunks = max(chunks, cdiv(contested, MAX_BLOCK))
     if next_pow2(chunks) * next_pow2(max(page_budget - 2, 1)) > MAX_CANDIDATES:
