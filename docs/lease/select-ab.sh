@@ -1,28 +1,33 @@
 #!/usr/bin/env bash
-# One kernel-only call (no vLLM): the GPU checks of a selection change, then `locks bench kernel` with the deployed
-# settings and with SELECT (default merge) alternately, twice each, so the ratios come from one call; then the
-# graph toggle probe. Every output lands in $OUT as it is made (a call cut short still returns what finished).
-#   bash docs/lease/select-ab.sh                  (carry harness/build_info.json: `make stamp`)
-# Env: SELECT (merge), CONTEXTS (16k,32k,128k,256k,512k,1m), BATCH (1,4), RUNS (2), PROBE (1), CUDA_CHECKS (1)
+# One kernel-only call (no vLLM): the GPU checks of a selection change, then `locks bench kernel` over every
+# (tree, select) arm in turn, RUNS times, so the ratios come from one call; then, if asked, the graph toggle
+# probe and the CUDA checks. Every output lands in $OUT as it is made (a call cut short returns what finished).
+#   bash docs/lease/select-ab.sh           (carry harness/build_info.json: `make stamp`)
+# Env: ARMS ("auto@. merge@."): select@tree pairs, a tree being the checkout (.) or an export of another commit
+#      (`git archive C kernels harness suites reports locks_cli | tar -x -C base-C`, its own harness/build_info.json,
+#      carried); CONTEXTS (16k,32k,128k,256k,512k,1m), BATCH (1,4), RUNS (2), PROBE (0), CUDA_CHECKS (0)
 set -u
-SELECT=${SELECT:-merge} CONTEXTS=${CONTEXTS:-16k,32k,128k,256k,512k,1m} BATCH=${BATCH:-1,4} RUNS=${RUNS:-2}
-K="bash docs/lease/kernels.sh"
+ARMS=${ARMS:-auto@. merge@.} CONTEXTS=${CONTEXTS:-16k,32k,128k,256k,512k,1m} BATCH=${BATCH:-1,4} RUNS=${RUNS:-2}
+R=$PWD
+K="bash $R/docs/lease/kernels.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-$K python3 -m locks_toolkit.harness.lab.kernel_checks --select "$SELECT" --scorer cuda 2>&1 | tail -n 40 > "$OUT/checks-select.txt"
+$K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda 2>&1 | tail -n 40 > "$OUT/checks-select.txt"
 tail -n 1 "$OUT/checks-select.txt"
 for run in $(seq 1 "$RUNS"); do
-  for sel in auto "$SELECT"; do
-    $K python3 -m locks_toolkit.harness.lab.kernel_bench --contexts "$CONTEXTS" --batch "$BATCH" --select "$sel" \
-      --out "$OUT/bench-$sel.jsonl" > "$OUT/bench-$sel-$run.md" 2> "$OUT/bench-err.txt" || echo "bench $sel $run: rc $?"
-    echo "bench $sel run $run done at $(date +%T)"
+  for arm in $ARMS; do
+    sel=${arm%@*} tree=${arm#*@} tag=$(basename "$(cd "${arm#*@}" && pwd)")-${arm%@*}
+    (cd "$tree" && $K python3 -m locks_toolkit.harness.lab.kernel_bench --contexts "$CONTEXTS" --batch "$BATCH" \
+      --select "$sel" --out "$OUT/bench-$tag.jsonl" > "$OUT/bench-$tag-$run.md" 2>> "$OUT/bench-err.txt") || echo "bench $tag $run: rc $?"
+    echo "bench $tag run $run done at $(date +%T)"
   done
 done
-if [ "${PROBE:-1}" = 1 ]; then
+if [ "${PROBE:-0}" = 1 ]; then
   for flags in "" "--no-upload" "--foreign"; do
     $K python3 -m locks_toolkit.harness.lab.graph_toggle_probe --layers 40 $flags --out "$OUT/toggle.jsonl" 2>&1 | tail -n 14
   done
 fi
-if [ "${CUDA_CHECKS:-1}" = 1 ]; then
+if [ "${CUDA_CHECKS:-0}" = 1 ]; then
   $K python3 -m locks_toolkit.harness.lab.kernel_checks --cuda 2>&1 | tail -n 40 > "$OUT/checks-cuda.txt"
   tail -n 1 "$OUT/checks-cuda.txt"
 fi
+tar -C "$OUT" -czf /tmp/select-ab.tgz . && mv /tmp/select-ab.tgz "$OUT/all.tgz"  # one file: a call returns at most 8
