@@ -84,26 +84,21 @@ class SummaryFormat:
         return self.name
 
 
-# The Triton selection kernels after the score kernel (kernels/score/pages.ScoreTuning.select_path):
-# "one" (keys, then the pair's last program selects: select/one.py) and "chunked" (keys, gather, resolve over
-# chunks of the table: select/chunked.py; four launches when the crossover below was measured, three since
-# 02af4ae, 4-5 µs a layer faster at 512K-1M: the crossover is not re-measured). Both select the same pages.
-SELECT_PATHS: tuple[str, ...] = ("one", "chunked", "merge")
-# The backend's `select` setting: a path, or "auto" (the default), which picks one per engine from its
-# block-table width (its max_model_len / 16). The one-launch path's last program works alone through every
-# contested page, and in the 40-layer engine that serial tail loses to the chunked path's parallel launches on
-# long tables (H200, bs1, GLM-4-9B geometry: one 6.82 ms vs chunked 7.06 at 32K, 7.26 vs 7.09 at 64K, 7.78 vs
-# 7.45 at 128K). Interpolating linearly in pages between 2072 (one ahead by 0.24 ms) and 4120 (chunked ahead by
-# 0.17) puts the crossover near 3270 pages (~52K tokens); docs/decisions.md has the records.
+# The Triton selection kernels after the score kernel (kernels/score/pages.ScoreTuning.select_path): "merge"
+# (each chunk's top-(k-2), merged by the pair's last program: select/merge.py), "one" (keys, then the pair's
+# last program selects over every key: select/one.py) and "chunked" (keys, gather, resolve over chunks of the
+# table: select/chunked.py; also where merge declines a budget its candidate tile cannot hold). All select the
+# same pages.
+SELECT_PATHS: tuple[str, ...] = ("merge", "one", "chunked")
+# The backend's `select` setting: a path, or "auto" (the default): merge at every block-table width. Alone on the
+# H100 (kernel bench, GLM-4-9B geometry) it took 9.9 / 10.8 µs at 16K / 32K bs1 against 11.8 / 11.9 for the one-
+# launch path auto ran there, and 20.5 against 35.7 for the chunked launches at 1M bs1 (docs/decisions.md).
 SELECT_CHOICES: tuple[str, ...] = ("auto",) + SELECT_PATHS
-AUTO_ONE_LAUNCH_MAX_PAGES = 3264
 
 
 def select_path_for(select: str, table_pages: int) -> str:
     """The selection path that `select` (SELECT_CHOICES) runs on a block table `table_pages` wide."""
-    if select != "auto":
-        return select
-    return "one" if table_pages <= AUTO_ONE_LAUNCH_MAX_PAGES else "chunked"
+    return "merge" if select == "auto" else select
 
 
 # The score kernel's code paths by name (`triton.score_select.SCORER_KERNELS`), the production one first:

@@ -15,10 +15,9 @@ chunks x (k-2) candidates in registers the same way and writes the row, ascendin
 
 Against chunked.py's three launches this has one launch, no histogram and no atomic but the arrival, and
 its serial step is O(chunks * k), not O(pages); against one.py it has no pass over every key in one program.
-`merge_plan` sizes the chunks: on short tables chunks of at most k - 2 pages, whose lists are all their
-pages (one search, in the last program); else one wave of programs, at least MIN_CHUNK_PAGES pages each;
-a candidate tile of at most MAX_CANDIDATES. Where that cannot hold (k very large for the table) the plan is
-None and the caller runs the chunked path.
+`merge_plan` sizes the chunks: one wave of programs, at least MIN_CHUNK_PAGES pages each, and a candidate
+tile of at most MAX_CANDIDATES; where that cannot hold (k very large for the table) the plan is None and the
+caller runs the chunked path.
 """
 
 from __future__ import annotations
@@ -30,14 +29,13 @@ import triton.language as tl
 
 from ..triton_common import cdiv, enter_dependent, next_pow2
 from .chunked import _arrivals, _chunk_keys, _chunk_range, _count_row, _dense_row, _last_to_arrive, _program_pages
-from .one import _span
+from .one import _search_low, _span
 
 MERGE_WARPS = 8
 KEYS_SUB_BLOCK = 512  # pages per step of the key loop (scores [512, GS] a step, as chunked.py)
 MAX_BLOCK = 4096  # contested pages of one chunk at most: held in registers (16 keys a thread at 8 warps)
 MAX_CANDIDATES = 8192  # the last program's tile, next_pow2(chunks) x next_pow2(k - 2)
 MIN_CHUNK_PAGES = 256  # below this many pages a chunk, fewer chunks: the last program's tile shrinks with them
-LIST_ALL_TILE = 4096  # the largest tile of short tables' chunks of <= k - 2 pages (no search in the chunks)
 KEY_BITS = 23  # chunked.py's keys: 0 .. 64 * KEY_STEPS_PER_UNIT - 1
 
 
@@ -50,15 +48,11 @@ class MergePlan:
 
 
 def merge_plan(pairs: int, table_pages: int, page_budget: int, num_sms: int, max_chunks: int) -> MergePlan | None:
-    """Chunks for a batch of `pairs` (sequence, KV head) pairs on a block table `table_pages` wide. Chunks of
-    at most k - 2 pages where their tile fits LIST_ALL_TILE (short tables: every page is a candidate, one
-    search in all); else about one wave of programs (at most `max_chunks` a pair), >= MIN_CHUNK_PAGES pages
-    each where the table allows, <= MAX_BLOCK. None where the last program's tile would pass MAX_CANDIDATES."""
+    """Chunks for a batch of `pairs` (sequence, KV head) pairs on a block table `table_pages` wide: about one
+    wave of programs (at most `max_chunks` a pair), >= MIN_CHUNK_PAGES pages each where the table allows, <=
+    MAX_BLOCK; None where the last program's candidate tile would pass MAX_CANDIDATES. (Chunks of at most
+    k - 2 pages, all listed, so that only the last program searches, lost: docs/decisions.md.)"""
     contested = max(table_pages - 2, 1)
-    need = max(page_budget - 2, 1)
-    if next_pow2(cdiv(contested, need)) * next_pow2(need) <= LIST_ALL_TILE:
-        chunks = cdiv(contested, need)
-        return MergePlan(chunks=chunks, block=next_pow2(cdiv(contested, chunks)))
     chunks = max(1, min(max_chunks, cdiv(num_sms, pairs), cdiv(contested, MIN_CHUNK_PAGES)))
     chunks = max(chunks, cdiv(contested, MAX_BLOCK))
     if next_pow2(chunks) * next_pow2(max(page_budget - 2, 1)) > MAX_CANDIDATES:
@@ -85,8 +79,11 @@ def _search_top(key, need, prefix, bits, LOG_WAYS: tl.constexpr):
 
 
 def log_ways(lanes: int, warps: int) -> int:
-    """Bits a pass of `_search_top` over `lanes` keys: 8 trials where a thread holds at most 4 keys, else 4."""
-    return 3 if lanes <= 4 * 32 * warps else 2
+    """Bits a pass of the threshold search over `lanes` keys: 3 (8 trials a pass) where a thread holds at most
+    4 keys; else 0, the binary search (`one._search_low`). Trials cost registers for the whole kernel: 4 trials
+    on 4096 lanes took it from 109 to 172 and the 1M bs4 selection from 30 to 48 µs on the H100 (two programs
+    per SM became one), while 8 trials on small tiles took 1 µs off at 16K-32K bs1."""
+    return 3 if lanes <= 4 * 32 * warps else 0
 
 
 @triton.jit
@@ -100,7 +97,10 @@ def _top_ranks(key, need, KEY_BITS: tl.constexpr, LOG_WAYS: tl.constexpr):
         lo = tl.min(tl.where(key >= 0, key, (1 << KEY_BITS) - 1), axis=0)
         hi = tl.max(key, axis=0)
         prefix, bits = _span(lo, hi, KEY_BITS)
-        threshold = _search_top(key, need, prefix, bits, LOG_WAYS)
+        if LOG_WAYS == 0:
+            threshold = _search_low(prefix, bits, need, key)
+        else:
+            threshold = _search_top(key, need, prefix, bits, LOG_WAYS)
     gt = key > threshold
     tie = key == threshold
     ties_wanted = need - tl.sum(gt.to(tl.int32), axis=0)
@@ -118,7 +118,7 @@ def _merge_select_kernel(
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     STEPS: tl.constexpr, SCP: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr,
     CH_PAD: tl.constexpr, KC: tl.constexpr, K_PAD: tl.constexpr, KEY_BITS: tl.constexpr,
-    CHUNK_WAYS: tl.constexpr = 2, TILE_WAYS: tl.constexpr = 2, PDL: tl.constexpr = False,
+    CHUNK_WAYS: tl.constexpr = 0, TILE_WAYS: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
     """Each chunk's top-(k-2), then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
     tl.static_assert(BLOCK < 65536 and CH_PAD * KC < 65536)  # _top_ranks packs two counts in 16 bits each

@@ -1,8 +1,7 @@
-"""Group combine + top-(k-2) page selection in ONE launch after the score kernel (`select_path="one"`;
-the backend's `select="auto"` runs it on block tables up to config.AUTO_ONE_LAUNCH_MAX_PAGES wide and
-chunked.py's launches on wider ones: in the 40-layer engine this path wins at 32K and loses at 64K and
-128K, where its last program's serial tail, started with cold caches, costs more than three parallel
-launches; see docs/decisions.md).
+"""Group combine + top-(k-2) page selection in ONE launch after the score kernel (`select_path="one"`; until
+the merge path (merge.py) the backend's choice on block tables up to 3264 pages wide: in the 40-layer engine
+this path won at 32K and lost at 64K and 128K, where its last program's serial tail, started with cold
+caches, costs more than three parallel launches; see docs/decisions.md).
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`;
 keys, histogram and tie rule are chunked.py's (23-bit fixed-point log shares, ties to the lower page id).

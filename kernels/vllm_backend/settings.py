@@ -42,7 +42,7 @@ class BackendSettings:
     """The Locks method config plus backend-only switches.
 
     select: which Triton selection kernels follow the score kernel (config.SELECT_PATHS), or "auto" (the
-    default: by the engine's block-table width, `config.select_path_for`); the pages are the same on
+    default: the merge path, `config.select_path_for`); the pages are the same on
     every path, only launches and time differ.
     pdl: the decode kernels use programmatic dependent launch (sm_90; each kernel's programs are
     scheduled while the previous one finishes). Same results; within 1% in one H200 pair and 2% slower

@@ -65,7 +65,7 @@ def test_cli_refuses_without_gpu():
     assert "needs a CUDA GPU" in result.output
 
 
-@pytest.mark.parametrize("table_pages, path", [(2048 + 1, "one"), (65536 + 1, "chunked")])
+@pytest.mark.parametrize("table_pages, path", [(2048 + 1, "merge"), (65536 + 1, "merge")])
 def test_the_bench_times_the_kernels_the_backend_resolves(table_pages, path):
     """Defaults are the backend's settings, resolved by the backend's own code: the CUDA scorer (Triton transposed
     where it declines) and the selection path of the block table's width."""

@@ -200,20 +200,21 @@ def test_merge_select_matches_reference(device, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case, list_all_tile, min_pages, max_block", [
-    (G8_D128_CASE, 0, 4, 4096),  # up to 32 chunks of a few pages: fewer than k - 2 each, every page a candidate
-    (SELECT_CASES[20], 0, 4, 16),  # chunks of 16 pages over 200: more than k - 2 each, the chunk's own search
-    (MANY_PAGES_CASE, 0, 1, 64),  # 24 chunks of up to 64 keys: several key steps, a crowded candidate tile
-    (SELECT_CASES[19], 4096, 256, 4096),  # a short table: 19 lists of every page, one search in the last program
+@pytest.mark.parametrize("case, min_pages, max_block, ways", [
+    (G8_D128_CASE, 4, 4096, 3),  # up to 32 chunks of a few pages: fewer than k - 2 each, every page a candidate
+    (SELECT_CASES[20], 4, 16, 3),  # chunks of 16 pages over 200: more than k - 2 each, the chunk's own search
+    (SELECT_CASES[20], 4, 16, 0),  # the same with binary searches
+    (MANY_PAGES_CASE, 1, 64, 0),  # 24 chunks of up to 64 keys: several key steps, a crowded candidate tile
 ], ids=lambda v: f"G{v.group}-k{v.page_budget}-n{sum(v.seq_lens)}" if isinstance(v, SelectCase) else str(v))
-def test_merge_select_over_many_chunks_matches_reference(device, case, list_all_tile, min_pages, max_block, monkeypatch):
+def test_merge_select_over_many_chunks_matches_reference(device, case, min_pages, max_block, ways, monkeypatch):
     """The merge path with the chunk count of a 132-SM GPU: chunks whose lists hold all their pages and
-    chunks that search their own threshold, the last program's tile of every chunk's list."""
+    chunks that search their own threshold, the last program's tile of every chunk's list; both searches
+    (8 trials a pass, and binary)."""
     from locks_toolkit.kernels import ops
     from locks_toolkit.kernels.select import merge
 
     monkeypatch.setattr(ops, "num_sms", lambda _: 132)
-    monkeypatch.setattr(merge, "LIST_ALL_TILE", list_all_tile)
+    monkeypatch.setattr(merge, "log_ways", lambda lanes, warps: ways)
     monkeypatch.setattr(merge, "MIN_CHUNK_PAGES", min_pages)
     monkeypatch.setattr(merge, "MAX_BLOCK", max_block)
     monkeypatch.setattr(merge, "KEYS_SUB_BLOCK", 16)
@@ -228,7 +229,6 @@ def test_merge_select_declines_a_budget_its_tile_cannot_hold(device, monkeypatch
     from locks_toolkit.kernels import ops
     from locks_toolkit.kernels.select import merge
 
-    monkeypatch.setattr(merge, "LIST_ALL_TILE", 0)
     monkeypatch.setattr(merge, "MAX_CANDIDATES", 2)  # k - 2 = 4 candidates a chunk
     monkeypatch.setattr(ops, "_MERGE_DECLINED", set())
     with caplog.at_level("WARNING", logger=ops.log.name):
@@ -240,7 +240,7 @@ def test_merge_select_declines_a_budget_its_tile_cannot_hold(device, monkeypatch
 def test_merge_plan_covers_every_contested_page_within_its_limits():
     """Chunks x block covers the widest table's contested pages, each chunk fits a block, the last program's tile
     fits MAX_CANDIDATES; one wave of programs at most where the table allows; None where k cannot fit."""
-    from locks_toolkit.kernels.select.merge import LIST_ALL_TILE, MAX_BLOCK, MAX_CANDIDATES, MIN_CHUNK_PAGES, MergePlan, merge_plan
+    from locks_toolkit.kernels.select.merge import MAX_BLOCK, MAX_CANDIDATES, MIN_CHUNK_PAGES, MergePlan, merge_plan
     from locks_toolkit.kernels.triton_common import cdiv, next_pow2
 
     for pairs in (1, 4, 16, 128):
@@ -248,9 +248,6 @@ def test_merge_plan_covers_every_contested_page_within_its_limits():
             for k in (4, 16, 128, 512):
                 plan = merge_plan(pairs, table_pages, k, num_sms=132, max_chunks=32)
                 contested = table_pages - 2
-                if next_pow2(cdiv(contested, k - 2)) * next_pow2(k - 2) <= LIST_ALL_TILE:  # short: lists of every page
-                    assert plan is not None and plan.block <= next_pow2(k - 2) and plan.chunks * plan.block >= contested
-                    continue
                 if plan is None:
                     assert next_pow2(cdiv(contested, MAX_BLOCK)) * next_pow2(k - 2) > MAX_CANDIDATES or \
                         next_pow2(min(32, cdiv(132, pairs), cdiv(contested, MIN_CHUNK_PAGES))) * next_pow2(k - 2) > MAX_CANDIDATES
@@ -260,7 +257,7 @@ def test_merge_plan_covers_every_contested_page_within_its_limits():
                 if cdiv(contested, MAX_BLOCK) <= 32:
                     assert plan.chunks <= max(1, cdiv(132, pairs), 32)
     assert merge_plan(4, 65600, 128, num_sms=132, max_chunks=32).chunks == 32  # 1M bs1: one program per SM
-    assert merge_plan(4, 2056, 128, num_sms=132, max_chunks=32) == MergePlan(17, 128)  # 32K: 17 lists of every page
+    assert merge_plan(4, 2056, 128, num_sms=132, max_chunks=32) == MergePlan(9, 256)  # 32K: 9 chunks of <= 256 pages
     assert merge_plan(1, 65600, 2048, num_sms=132, max_chunks=32) is None  # k = 2048 over 17 chunks: 32 x 2048
 
 

@@ -223,21 +223,17 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
 
 
 @pytest.mark.parametrize("device", _triton_devices())
-def test_auto_select_picks_the_path_by_block_table_width(device, caplog):
-    """select="auto" runs the one-launch selection on tables up to AUTO_ONE_LAUNCH_MAX_PAGES wide and the
-    chunked launches beyond (an engine's table width is fixed, so each engine runs one path); a pinned path stays."""
-    from locks_toolkit.kernels.config import AUTO_ONE_LAUNCH_MAX_PAGES
+def test_auto_select_runs_the_merge_path_at_every_width(device, caplog):
+    """select="auto" runs the merge selection on every block-table width (logged once per width); a pinned path stays."""
     from locks_toolkit.kernels.vllm_backend.kernel_ops import TritonOps
 
     auto = TritonOps()
     with caplog.at_level(logging.INFO, logger="locks_toolkit.kernels.vllm_backend.kernel_ops"):
-        assert auto.tuning_for(2080).select_path == "one"
-        assert auto.tuning_for(AUTO_ONE_LAUNCH_MAX_PAGES).select_path == "one"
-        assert auto.tuning_for(AUTO_ONE_LAUNCH_MAX_PAGES + 16).select_path == "chunked"
-        assert auto.tuning_for(4120).select_path == "chunked"  # the 64K engine, where the chunked launches won
-        assert auto.tuning_for(2080).select_path == "one"  # cached: logged once per width
+        assert auto.tuning_for(2080).select_path == "merge"
+        assert auto.tuning_for(65600).select_path == "merge"
+        assert auto.tuning_for(2080).select_path == "merge"  # cached: logged once per width
     said = [r.getMessage() for r in caplog.records]
-    assert sum("runs the 'one' selection path" in m for m in said) == 2 and sum("runs the 'chunked'" in m for m in said) == 2
+    assert sum("runs the 'merge' selection path" in m for m in said) == 2, said
     assert all(TritonOps(path).tuning_for(w).select_path == path for path in ("one", "chunked") for w in (7, 8256))
 
 
