@@ -95,7 +95,7 @@ def test_the_record_names_the_score_kernel_that_takes_the_call():
     q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
     r8i4 = Layout(SummaryFormat.parse("r8i4"), 128)
     rows = torch.zeros(8, 4, r8i4.row_bytes, dtype=torch.uint8)
-    assert kb.kernels_that_run(q, rows, r8i4, 8, tuning) == {"score": "transposed", "select": "one", "pdl": False}
+    assert kb.kernels_that_run(q, rows, r8i4, 8, tuning) == {"score": "transposed", "select": "merge", "pdl": False}
     r8i8 = Layout(SummaryFormat.parse("r8i8"), 128)
     rows8 = torch.zeros(8, 4, r8i8.row_bytes, dtype=torch.uint8)
     assert kb.kernels_that_run(q, rows8, r8i8, 8, tuning)["score"] == "pages"

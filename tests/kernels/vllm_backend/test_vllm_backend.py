@@ -130,7 +130,7 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
         ({"combine": "mean"}, "combine rule 'mean' unknown"),
         ({"scorer": "moment"}, "not served by the vLLM backend"),
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
-        ({"select": "two"}, "select 'two' unknown; use one of auto, one, chunked"),
+        ({"select": "two"}, "select 'two' unknown; use one of auto, merge, one, chunked"),
         ({"pdl": "yes"}, "pdl must be true or false"),
         ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of cuda, transposed, pages"),
         ([1, 2], "must be a dict"),
