@@ -100,7 +100,7 @@ def register_arm(arm: Arm) -> Arm:
     return arm
 
 
-# The parametric form `locks[select=one,pdl=true]`: a Locks arm with kernel settings other than the
+# The parametric form `locks[select=chunked,pdl=true]`: a Locks arm with kernel settings other than the
 # defaults (the same pages through other launches), timed beside `locks` in one run. The keys are the
 # backend's kernel settings (kernels/vllm_backend/settings.py); each maps a text value to the setting.
 KERNEL_SETTINGS: dict[str, tuple[str, ...]] = {
@@ -109,12 +109,12 @@ KERNEL_SETTINGS: dict[str, tuple[str, ...]] = {
     "pdl": ("true", "false"),
 }
 PARAMETRIC_BASES = ("locks", "locks-cpu")
-ARM_FORM = "locks[select=one,pdl=true,scorer_kernel=pages]"
+ARM_FORM = "locks[select=chunked,pdl=true,scorer_kernel=pages]"
 _PARAMETRIC: dict[str, Arm] = {}
 
 
 def split_arm_list(text: str) -> list[str]:
-    """'fa3,locks[select=one,pdl=true]' -> ['fa3', 'locks[select=one,pdl=true]']: commas inside brackets
+    """'fa3,locks[select=chunked,pdl=true]' -> ['fa3', 'locks[select=chunked,pdl=true]']: commas inside brackets
     belong to the arm."""
     items, depth, current = [], 0, ""
     for char in text:
@@ -129,7 +129,7 @@ def split_arm_list(text: str) -> list[str]:
 
 
 def arm_file_stem(name: str) -> str:
-    """An arm name as a file-name part: 'locks[select=one,pdl=true]' -> 'locks-select-one-pdl-true'
+    """An arm name as a file-name part: 'locks[select=chunked,pdl=true]' -> 'locks-select-chunked-pdl-true'
     (brackets, commas and '=' travel badly through copies and shells)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
 

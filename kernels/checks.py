@@ -402,7 +402,7 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
     results.append(check_score_select(device, MANY_PAGES_CASE, seed, torch.bfloat16))
     results += [check_decode(device, c, seed + i, t) for i, c in enumerate(DECODE_CASES)
                 for t in (torch.bfloat16, torch.float32)]
-    results += [check_score_select(device, c, seed + i, tuning=ScoreTuning(select_path="one"))
+    results += [check_score_select(device, c, seed + i, tuning=ScoreTuning(select_path="chunked"))
                 for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE])]
     # the scorer's other paths on bf16 queries
     results += [check_score_select(device, c, seed + i, torch.bfloat16, tuning=t)

@@ -85,14 +85,14 @@ class SummaryFormat:
 
 
 # The Triton selection kernels after the score kernel (kernels/score/pages.ScoreTuning.select_path): "merge"
-# (each chunk's top-(k-2), merged by the pair's last program: select/merge.py), "one" (keys, then the pair's
-# last program selects over every key: select/one.py) and "chunked" (keys, gather, resolve over chunks of the
-# table: select/chunked.py; also where merge declines a budget its candidate tile cannot hold). All select the
-# same pages.
-SELECT_PATHS: tuple[str, ...] = ("merge", "one", "chunked")
-# The backend's `select` setting: a path, or "auto" (the default): merge at every block-table width. Alone on the
-# H100 (kernel bench, GLM-4-9B geometry) it took 9.9 / 10.8 µs at 16K / 32K bs1 against 11.8 / 11.9 for the one-
-# launch path auto ran there, and 20.5 against 35.7 for the chunked launches at 1M bs1 (docs/decisions.md).
+# (each chunk's top-(k-2), merged by the pair's last program: select/merge.py) and "chunked" (keys, gather,
+# resolve over chunks of the table: select/chunked.py; also where merge declines a budget its candidate tile
+# cannot hold). Both select the same pages.
+SELECT_PATHS: tuple[str, ...] = ("merge", "chunked")
+# The backend's `select` setting: a path, or "auto" (the default), the merge path at every block-table width.
+# Alone on the H100 (kernel bench, GLM-4-9B geometry) it took 9.8 / 10.9 µs at 16K / 32K bs1 against 11.7 /
+# 11.9 for the one-launch path auto ran there before, and 20.6 against 36.4 for the chunked launches at 1M bs1
+# (docs/decisions.md).
 SELECT_CHOICES: tuple[str, ...] = ("auto",) + SELECT_PATHS
 
 

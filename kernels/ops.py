@@ -23,7 +23,6 @@ from .score import pages as _ss
 from .score import transposed as _score_t
 from .select import chunked as _sel
 from .select import merge as _merge
-from .select import one as _one
 from .triton_common import (
     FP32_EPS,
     RowConstants,
@@ -288,8 +287,8 @@ def merge_plan_for(pairs: int, table_pages: int, page_budget: int, device_idx: i
 def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget,
                    tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING, table_pages: int | None = None) -> None:
     """The selection launches of score_select after the score kernel (`tuning.select_path`: one launch,
-    select/merge.py or select/one.py, or three, select/chunked.py; arguments already checked). The chunked
-    and one-launch paths run min(score_chunks, tuning.select_chunks) chunks per pair, the merge path
+    select/merge.py, or three, select/chunked.py, which also runs where merge declines; arguments already
+    checked). The chunked path runs min(score_chunks, tuning.select_chunks) chunks per pair, the merge path
     `merge_plan_for`'s. table_pages: the block table's width (default: the workspace's). The kernel bench
     times them alone."""
     num_seqs, num_kv_heads, _ = selected_pages.shape
@@ -320,14 +319,6 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
             _MERGE_DECLINED.add((pairs, page_budget))
             log.warning("merge selection declines k=%d on %d pairs (its candidate tile would pass %d); the chunked "
                         "path runs", page_budget, pairs, _merge.MAX_CANDIDATES)
-    if tuning.select_path == "one":
-        _one._keys_select_kernel[(pairs, chunks)](
-            ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, ws.cand_low, ws.cand_page,
-            seq_lens, selected_pages, *sizes, score_chunks,
-            K_PAD=next_pow2(page_budget), LOOP_BLOCK=tuning.tail_block or _one.LOOP_BLOCK, COMPACT=_one.COMPACT,
-            num_warps=tuning.select_warps or _one.SELECT_WARPS, **keys, **pick,
-        )
-        return
     _sel._keys_kernel[(pairs, chunks)](
         ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, seq_lens, *sizes, score_chunks,
         num_warps=_sel.KEYS_WARPS, **keys, **pick,

@@ -30,7 +30,6 @@ from ...kernels.score import pages as _ss
 from ...kernels.score import transposed as _score_t
 from ...kernels.select import chunked as _topk
 from ...kernels.select import merge as _merge_select
-from ...kernels.select import one as _one
 from ...kernels.triton_common import FP32_EPS, RowConstants, next_pow2
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -46,7 +45,6 @@ PRODUCTION_HINTS: dict[str, dict[str, int]] = {
     "_keys_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16, "num_score_chunks": 16},
     "_gather_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
     "_resolve_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16},
-    "_keys_select_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16, "num_score_chunks": 16},
     "_merge_select_kernel": {"max_pages": 16, "num_chunks": 16, "K": 16, "num_score_chunks": 16},
     "_sparse_decode_kernel": {"s_qs": 16, "s_qh": 16, "s_kb": 16, "s_kt": 16, "s_kh": 16, "s_vb": 16, "s_vt": 16,
                               "s_vh": 16, "s_bt": 16, "K": 16},
@@ -94,12 +92,6 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
                                  "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
          dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, BLOCK=_topk.KEYS_BLOCK, K_PAD=next_pow2(page_budget),
               CHUNKS_PAD=next_pow2(_ss.DEFAULT_TUNING.select_chunks)), _topk.FINAL_WARPS),
-        (_one._keys_select_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32",
-                                    "keys_ptr": "*i32", "hist_ptr": "*i32", "counts_ptr": "*i32", "cand_low_ptr": "*i32",
-                                    "cand_page_ptr": "*i32", "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
-         dict(G=group, GS=gs, RULE=0, BLOCK=_topk.KEYS_BLOCK, STEPS=_topk.KEY_STEPS_PER_UNIT, WINDOW=_topk.AGG_WINDOW,
-              K_PAD=next_pow2(page_budget), COARSE_PICK=pick, LOOP_BLOCK=_one.LOOP_BLOCK, COMPACT=_one.COMPACT,
-              SCP=_ss.DEFAULT_TUNING.max_chunks, **select_common), _one.SELECT_WARPS),
         # The merge path at 1M bs1 (4 pairs: 32 chunks of up to 4096 pages, a 32 x 128 candidate tile).
         (_merge_select._merge_select_kernel, {"scores_ptr": "*fp32", "chunk_max_ptr": "*fp32", "chunk_sum_ptr": "*fp32",
                                               "keys_ptr": "*i32", "counts_ptr": "*i32", "cand_key_ptr": "*i32", "cand_page_ptr": "*i32",

@@ -39,14 +39,10 @@ SCHEMA_SCORE_SWEEP = "locks.score_sweep/1"
 
 VARIANTS = (
     # The kernel-level default: one warp per program over 4-page tiles, every program slot at bs1 (512
-    # chunks), coefficients contracted on the tensor cores, <= 32 selection chunks with coarse threshold
-    # picks, 32-bit-word int4 decode, one vector load per token's coefficients; selection in three chunked launches
+    # chunks), coefficients contracted on the tensor cores, 32-bit-word int4 decode, one vector load per token's
+    # coefficients; selection in one launch (select/merge.py)
     DEFAULT_TUNING,
-    # Selection in one launch (topk_one.py): over 64 chunks, with 4 or 16 warps (8 by default; 255 registers)
-    ScoreTuning(select_path="one"),
-    ScoreTuning(select_path="one", select_chunks=64),
-    ScoreTuning(select_path="one", select_warps=4),
-    ScoreTuning(select_path="one", select_warps=16),
+    ScoreTuning(select_path="chunked"),  # selection in three launches (what merge declines runs this)
     # A wide launch shape: 4 warps x 16 pages, 128 chunks, FMA coefficient contraction
     ScoreTuning(warps=4, tile=16, max_chunks=128, coef_mma=False),
     ScoreTuning(coef_mma=False),  # one warp, FMA contraction (37.8 us at 128K on the H200)
@@ -54,8 +50,8 @@ VARIANTS = (
     ScoreTuning(tile=8, maxnreg=168),  # no spills at 160 registers; 12 programs per SM
     ScoreTuning(warps=2, tile=8, max_chunks=256),
     ScoreTuning(stages=2, coef_mma=False),  # 40.4 us at 128K
-    ScoreTuning(coarse_pick=False),  # every threshold pick scans all 8192 histogram counts
-    ScoreTuning(select_chunks=16),
+    ScoreTuning(select_path="chunked", coarse_pick=False),  # every threshold pick scans all 8192 histogram counts
+    ScoreTuning(select_path="chunked", select_chunks=16),
     ScoreTuning(word_nibbles=False),  # int4 codes decoded per byte
     ScoreTuning(coef_vector=False),  # one load per coefficient
     ScoreTuning(mantissa_nibbles=False, word_nibbles=False),  # int-to-float conversion of the codes
@@ -63,7 +59,6 @@ VARIANTS = (
     ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4}),  # 27.9 / 12.2 µs at 128K / 32K
     ScoreTuning(**{**SCORER_KERNELS["transposed"], "tile": 4, "stages": 2}),  # the next tile's loads through cp.async: 29.0 / 13.1
     ScoreTuning(**SCORER_KERNELS["transposed"]),  # 2-page tiles: half the block-diagonal zeros; 25.8 / 8.9
-    ScoreTuning(select_path="one", **SCORER_KERNELS["transposed"]),
     # 21 programs per SM (no spills), grid still 512 per pair. A grid that fills them (693 chunks, with a
     # workspace of 1024) took 31.6 µs at 128K against 26.0, so the workspace stayed at 512 chunks.
     ScoreTuning(maxnreg=96, **SCORER_KERNELS["transposed"]),
@@ -72,14 +67,10 @@ VARIANTS = (
     # (int8 mma for V^T q, rows by bulk copies into shared memory): ~575 SASS per tile against the transposed
     # kernel's ~800 per 2 pages
     ScoreTuning(**SCORER_KERNELS["cuda"]),
-    # The one-launch selection's tail (topk_one._select_by_loops) in steps of 2048 (default), 4096 and 1024 keys
-    ScoreTuning(select_path="one", **SCORER_KERNELS["cuda"]),
-    ScoreTuning(select_path="one", tail_block=4096, **SCORER_KERNELS["cuda"]),
-    ScoreTuning(select_path="one", tail_block=1024, **SCORER_KERNELS["cuda"]),
     # The chunked selection over 2x / 4x the programs. With four launches 64 chunks was 2.2 µs ahead at 1M bs1
     # and 1.6 behind at 256K; each launch's pick is now made once, by its last program, not by every program
-    ScoreTuning(select_chunks=64, **SCORER_KERNELS["cuda"]),
-    ScoreTuning(select_chunks=128, **SCORER_KERNELS["cuda"]),
+    ScoreTuning(select_path="chunked", select_chunks=64, **SCORER_KERNELS["cuda"]),
+    ScoreTuning(select_path="chunked", select_chunks=128, **SCORER_KERNELS["cuda"]),
 )
 
 
@@ -299,11 +290,13 @@ def _select_path(tuning: dict) -> str:
     # The oldest records carry row_select (True: the row path) instead of select_path.
     name = tuning.get("select_path") or ("row" if tuning.get("row_select") else "four")
     path = {"row": "row (2 launches)", "four": f"4 launches, {chunks}", "three": f"3 launches, {chunks}",
-            "chunked": f"3 launches, {chunks}",
+            "chunked": f"3 launches, {chunks}", "merge": "1 launch, chunk lists merged",
             "one": f"1 launch, {chunks}"}[name]
     if name == "one":
         tail = _one_launch_tail(tuning)
         path += f", {tail} tail" + (f" of {tuning['tail_block']}" if tuning.get("tail_block") else "")
+    if name == "merge":
+        return path
     return path + ("" if tuning.get("coarse_pick", False) else ", full-scan pick")
 
 

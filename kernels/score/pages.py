@@ -1,4 +1,4 @@
-"""Page scoring for score_select (locks.md §2): its first launch; combine + top-k follow (select/one.py, select/chunked.py).
+"""Page scoring for score_select (locks.md §2): its first launch; combine + top-k follow (select/merge.py, select/chunked.py).
 
 Reference: `reference.score.summary_page_scores` over the scored pages (`config.scored_pages`: every
 page before the recent one).
@@ -90,14 +90,11 @@ class ScoreTuning:
     # cuda: the CUDA kernel (kernels/score/score_t.cu) where `kernels.cuda.score.fits` accepts the call (r8i4,
     # d = 128, bf16 q, G <= 16, sm_90); the kernel this tuning otherwise names runs elsewhere.
     cuda: bool = False
-    # Selection after the score kernel (config.SELECT_PATHS): "chunked" (select/chunked.py: keys,
-    # gather, resolve) or "one" (select/one.py: keys per chunk, the pair's last program selects). Alone in a graph on
-    # the H200 (bs1) "one" took 11.2 / 17.8 µs at 32K / 128K against 19.1 / 19.7; in the 40-layer engine it
-    # wins at 32K and loses at 128K, so the backend picks by table width (`config.select_path_for`); this
-    # kernel-level default stays "chunked".
-    select_path: str = "chunked"
-    tail_block: int | None = None  # keys per step of the one-launch path's tail (twice that on long contexts); None: one.LOOP_BLOCK
-    select_warps: int | None = None  # warps of the one-launch kernel; None: one.SELECT_WARPS
+    # Selection after the score kernel (config.SELECT_PATHS): "merge" (select/merge.py: each chunk's top-(k-2),
+    # merged by the pair's last program; one launch) or "chunked" (select/chunked.py: keys, gather, resolve; also
+    # where merge declines a budget). H100 kernel bench: merge 9.8 / 20.6 µs at 16K / 1M bs1 against the chunked
+    # path's 17.4 / 36.4 (docs/decisions.md).
+    select_path: str = "merge"
     # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):
     # each kernel's programs are scheduled while the previous one finishes. In the vLLM pair (H200)
     # within 1% at 32K and no gain at 128K, so off.
@@ -147,8 +144,9 @@ class ScoreSelectWorkspace:
     scores [R, maxP, GS] fp32, chunk_max/chunk_sum [R, C, GS] fp32, keys/cand_low/cand_page [R, maxP]
     int32, hist [R, 8192 + 64] (fine counts, then coarse ones) and low_hist [R, 1024] int32 and counts [R, 2C + 6] int32
     (select/chunked.py `_count_row`; the histograms, counts[:, C] and counts[:, 2C+1] must start zeroed and every
-    call leaves them zeroed; counts[:, C] is the output slot counter and select/one.py's arrival counter,
-    counts[:, 2C+1] the chunked path's; the rest is rewritten by every call)."""
+    call leaves them zeroed; counts[:, C] is the chunked path's output slot counter, counts[:, 2C+1] the
+    arrival counter of both paths; the rest is rewritten by every call; the merge path writes its chunks' lists
+    to cand_low (keys) and cand_page)."""
 
     scores: torch.Tensor
     chunk_max: torch.Tensor

@@ -1,1 +1,1 @@
-"""Page selection: the reference (`reference.py`: group combine, sink + recent + top-(k-2)) and the Triton paths (`chunked.py`: three launches over chunks of the table and the shared key/histogram helpers; `one.py`: one launch)."""
+"""Page selection: the reference (`reference.py`: group combine, sink + recent + top-(k-2)) and the Triton paths (`merge.py`: one launch, each chunk's top-(k-2) merged by the pair's last program; `chunked.py`: three launches over chunks of the table, and the key helpers both use)."""

@@ -1,6 +1,6 @@
-"""Group combine + top-(k-2) page selection of score_select: the key and histogram helpers every path
-uses, and the chunked path (`ScoreTuning.select_path="chunked"`, the backend's choice on wide
-block tables: three launches after the score kernel); the one-launch path is one.py.
+"""Group combine + top-(k-2) page selection of score_select: the key helpers both paths use, and the chunked
+path (`ScoreTuning.select_path="chunked"`: three launches after the score kernel; the backend runs it where the
+merge path, merge.py, declines a budget its candidate tile cannot hold).
 
 Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) and `select_pages`.
 

@@ -14,7 +14,8 @@ arrive (no program waits: the grid needs no co-residency) finds the pair's top-(
 chunks x (k-2) candidates in registers the same way and writes the row, ascending.
 
 Against chunked.py's three launches this has one launch, no histogram and no atomic but the arrival, and
-its serial step is O(chunks * k), not O(pages); against one.py it has no pass over every key in one program.
+its serial step is O(chunks * k), not O(pages); against the one-launch path it replaced (a last program that
+walked every key: docs/decisions.md) no program passes over every key.
 `merge_plan` sizes the chunks: one wave of programs, at least MIN_CHUNK_PAGES pages each, and a candidate
 tile of at most MAX_CANDIDATES; where that cannot hold (k very large for the table) the plan is None and the
 caller runs the chunked path.
@@ -29,7 +30,6 @@ import triton.language as tl
 
 from ..triton_common import cdiv, enter_dependent, next_pow2
 from .chunked import _arrivals, _chunk_keys, _chunk_range, _count_row, _dense_row, _last_to_arrive, _program_pages
-from .one import _search_low, _span
 
 MERGE_WARPS = 8
 KEYS_SUB_BLOCK = 512  # pages per step of the key loop (scores [512, GS] a step, as chunked.py)
@@ -61,6 +61,30 @@ def merge_plan(pairs: int, table_pages: int, page_budget: int, num_sms: int, max
 
 
 @triton.jit
+def _span(lo, hi, KEY_BITS: tl.constexpr):
+    """(prefix, bits) with [lo, hi] inside [prefix, prefix + 2^bits): bits = 1 + the highest bit where lo
+    and hi differ. Flat attention (dummy weights) gives one value: bits = 0."""
+    differ = lo ^ hi
+    bits = 0
+    for j in tl.static_range(KEY_BITS):
+        bits += ((differ >> j) != 0).to(tl.int32)
+    return hi - (hi & ((1 << bits) - 1)), bits
+
+
+@triton.jit
+def _search_low(prefix, bits, need, key):
+    """Largest v with #(key >= v) >= need (lanes without a page hold -1), given v in [prefix, prefix +
+    2^bits): one reduction per bit of the span, none when every key is one value."""
+    low = prefix
+    for i in range(bits):
+        test = low | (1 << (bits - 1 - i))
+        n = tl.sum((key >= test).to(tl.int32), axis=0)
+        if n >= need:
+            low = test
+    return low
+
+
+@triton.jit
 def _search_top(key, need, prefix, bits, LOG_WAYS: tl.constexpr):
     """Largest v in [prefix, prefix + 2^bits) with #(key >= v) >= need (given one exists), LOG_WAYS bits a
     pass: one reduction counts the keys at or above each of the pass's 2^LOG_WAYS trial values. A block-wide
@@ -80,7 +104,7 @@ def _search_top(key, need, prefix, bits, LOG_WAYS: tl.constexpr):
 
 def log_ways(lanes: int, warps: int) -> int:
     """Bits a pass of the threshold search over `lanes` keys: 3 (8 trials a pass) where a thread holds at most
-    4 keys; else 0, the binary search (`one._search_low`). Trials cost registers for the whole kernel: 4 trials
+    4 keys; else 0, the binary search (`_search_low`). Trials cost registers for the whole kernel: 4 trials
     on 4096 lanes took it from 109 to 172 and the 1M bs4 selection from 30 to 48 µs on the H100 (two programs
     per SM became one), while 8 trials on small tiles took 1 µs off at 16K-32K bs1."""
     return 3 if lanes <= 4 * 32 * warps else 0

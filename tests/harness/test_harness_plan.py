@@ -123,15 +123,15 @@ def test_arms_come_from_the_registry():
     assert locks["attention_config"] == {"backend": "CUSTOM"}
     assert locks["additional_config"] == {"locks": {"budget": 2048, "format": "r8i4", "scorer": "locks",
                                                     "combine": "share_average"}}
-    # locks[select=one]: the same backend and knobs, with the one-launch selection kernels; the backend accepts it
-    one = get_arm("locks[select=one]").engine_kwargs(SparseKnobs(2048, "r8i4", "locks", "share_average"))
-    assert one["additional_config"]["locks"] == {**locks["additional_config"]["locks"], "select": "one"}
-    assert parse_settings(one["additional_config"]["locks"]).select == "one"
+    # locks[select=chunked]: the same backend and knobs, with the three-launch selection kernels; the backend accepts it
+    chunked = get_arm("locks[select=chunked]").engine_kwargs(SparseKnobs(2048, "r8i4", "locks", "share_average"))
+    assert chunked["additional_config"]["locks"] == {**locks["additional_config"]["locks"], "select": "chunked"}
+    assert parse_settings(chunked["additional_config"]["locks"]).select == "chunked"
     pdl = get_arm("locks[pdl=true]").engine_kwargs(SparseKnobs(1024, "r4i8", "locks", "group_max"))["additional_config"]["locks"]
     assert pdl == {"budget": 1024, "format": "r4i8", "scorer": "locks", "combine": "group_max", "pdl": True}
     assert parse_settings(pdl).pdl and parse_settings(pdl).select == "auto"  # the default
-    both = parse_settings(get_arm("locks[select=one, pdl=TRUE]").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
-    assert both.pdl and both.select == "one" and both.locks.selection.page_budget == 128
+    both = parse_settings(get_arm("locks[select=chunked, pdl=TRUE]").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
+    assert both.pdl and both.select == "chunked" and both.locks.selection.page_budget == 128
     for kernel in ("pages", "cuda", "transposed"):  # other scorers, same pages
         arm = get_arm(f"locks[scorer_kernel={kernel}]")
         other = parse_settings(arm.engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
@@ -148,22 +148,22 @@ def test_arms_come_from_the_registry():
         assert peer_config == {"variant": "fast", "budget_pages": 126, "sink_pages": 1, "window_pages": 1}
     assert peer.environment(SparseKnobs(1024), '{"x": 1}') == {"LOCKS_CONFIG": '{"x": 1}', "VLLM_PLUGINS": "locks"}
     # each engine loads only its arm's plugin: the peer's never sits in the FA3 / FlashInfer / Locks engines
-    for name in ("fa3", "flashinfer", "locks", "locks[select=one]", "locks[pdl=true]", "cpu", "locks-cpu"):
+    for name in ("fa3", "flashinfer", "locks", "locks[select=chunked]", "locks[pdl=true]", "cpu", "locks-cpu"):
         assert get_arm(name).environment(SparseKnobs(1024), None)["VLLM_PLUGINS"] == "locks_toolkit"
     with pytest.raises(ConfigError, match="unknown"):
         get_arm("sdpa")
 
 
 @pytest.mark.parametrize("name, message", [
-    ("locks[select=three]", "select='three' unknown; use one of auto, one, chunked"),
+    ("locks[select=three]", "select='three' unknown; use one of auto, merge, chunked"),
     ("locks[scorer_kernel=lean]", "scorer_kernel='lean' unknown; use one of cuda, transposed, pages"),
     ("locks[pdl=yes]", "pdl='yes' unknown; use one of true, false"),
     ("locks[budget=64]", "'budget=64' is not KEY=VALUE with KEY one of select, scorer_kernel, pdl"),
     ("locks[select]", "'select' is not KEY=VALUE"),
-    ("locks[select=one,select=chunked]", "sets select twice"),
+    ("locks[select=merge,select=chunked]", "sets select twice"),
     ("locks[]", "sets nothing"),
-    ("fa3[select=one]", "is not of the form locks[select=one,pdl=true,scorer_kernel=pages]"),
-    ("locks[select=one", "is not of the form"),
+    ("fa3[select=chunked]", "is not of the form locks[select=chunked,pdl=true,scorer_kernel=pages]"),
+    ("locks[select=chunked", "is not of the form"),
 ])
 def test_a_parametric_arm_names_what_is_wrong(name, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -173,11 +173,11 @@ def test_a_parametric_arm_names_what_is_wrong(name, message):
 def test_arm_lists_keep_commas_inside_brackets():
     from locks_toolkit.harness.arms import split_arm_list
 
-    assert split_arm_list("fa3, locks[select=one,pdl=true],flashinfer") == ["fa3", "locks[select=one,pdl=true]", "flashinfer"]
+    assert split_arm_list("fa3, locks[select=chunked,pdl=true],flashinfer") == ["fa3", "locks[select=chunked,pdl=true]", "flashinfer"]
     from locks_toolkit.harness.plan import _coerce
 
-    plan = DecodePlan(arms=_coerce("arms", "fa3,locks[select=one,pdl=true]"))
-    assert plan.arms == ("fa3", "locks[select=one,pdl=true]")
+    plan = DecodePlan(arms=_coerce("arms", "fa3,locks[select=chunked,pdl=true]"))
+    assert plan.arms == ("fa3", "locks[select=chunked,pdl=true]")
 
 
 def test_dense_bytes_match_a_hand_count():
@@ -256,5 +256,5 @@ def test_batch_prefill_mode_is_checked_and_sizes_the_engine_for_the_survivors():
 def test_a_parametric_arm_gives_plain_file_names():
     from locks_toolkit.harness.arms import arm_file_stem
 
-    assert arm_file_stem("locks[select=one,pdl=true]") == "locks-select-one-pdl-true"
+    assert arm_file_stem("locks[select=chunked,pdl=true]") == "locks-select-chunked-pdl-true"
     assert arm_file_stem("locks-cpu") == "locks-cpu"

@@ -49,16 +49,19 @@ def test_markdown_names_each_variants_selection_path():
         return {"tuning": asdict(tuning), "context_tokens": 131072, "batch_size": 1, "status": "ok", "chunks": 128,
                 "mean_us": 46.7, "sd_us": 0.2, "select_us": 20.0, "same_selection": True, "selection_problems": None}
 
-    table = markdown([row(ScoreTuning()), row(ScoreTuning(coarse_pick=False, select_chunks=16, coef_vector=False)),
-                      {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning(word_nibbles=False)), "select_path": "row"}},
-                      row(ScoreTuning(select_path="one", coef_mma=False)),
-                      {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning()), "select_path": None, "row_select": True}},
-                      {**row(ScoreTuning(coef_vector=False)), "tuning": {**asdict(ScoreTuning(coef_vector=False)), "word_pairs": True,
-                                                                             "select_path": "four"}},
-                      {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning()), "select_path": "three"}},
-                      {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning(select_path="one", tail_block=4096)), "select_tail": "loops"}},
-                      {**row(ScoreTuning()), "tuning": {**asdict(ScoreTuning(select_path="one")), "select_tail": None,
-                                                        "register_select": False}}])  # records of removed variants
+    def removed(tuning, **fields):  # a record of a variant the tuning no longer has
+        return {**row(tuning), "tuning": {**asdict(tuning), **fields}}
+
+    chunked = ScoreTuning(select_path="chunked")
+    table = markdown([row(chunked), row(ScoreTuning(select_path="chunked", coarse_pick=False, select_chunks=16, coef_vector=False)),
+                      removed(ScoreTuning(word_nibbles=False), select_path="row"),
+                      removed(ScoreTuning(coef_mma=False), select_path="one", tail_block=None),
+                      removed(ScoreTuning(), select_path=None, row_select=True),
+                      removed(ScoreTuning(coef_vector=False), word_pairs=True, select_path="four"),
+                      removed(chunked, select_path="three"),
+                      removed(ScoreTuning(), select_path="one", tail_block=4096, select_tail="loops"),
+                      removed(ScoreTuning(), select_path="one", select_tail=None, register_select=False),
+                      row(ScoreTuning())])
     body = table.splitlines()[2:]
     assert f"| words+vec+mma | 3 launches, ≤ {ScoreTuning().select_chunks} chunks |" in body[0]
     assert "| words+mma | 3 launches, ≤ 16 chunks, full-scan pick |" in body[1]
@@ -69,6 +72,7 @@ def test_markdown_names_each_variants_selection_path():
     assert f"| words+vec+mma | 3 launches, ≤ {ScoreTuning().select_chunks} chunks |" in body[6]
     assert "| 1 launch, ≤ 32 chunks, loops tail of 4096 |" in body[7]
     assert "| 1 launch, ≤ 32 chunks, memory tail |" in body[8]
+    assert "| words+vec+mma | 1 launch, chunk lists merged |" in body[9]
     assert all("| 46.7 ± 0.2 | 20.0 | — | True (ok) |" in line for line in body)  # rows without a chained time
     chained = markdown([{**row(ScoreTuning()), "chained_us": 61.26}]).splitlines()[2]
     assert "| 46.7 ± 0.2 | 20.0 | 61.3 | True (ok) |" in chained
@@ -86,7 +90,7 @@ def test_kernel_profile_averages_each_launch_and_the_table_lists_them():
     per_call = mean_kernel_us(seen, calls=2)
     assert list(per_call) == ["_keys_kernel", "_gather_kernel"]
     assert per_call == {"_keys_kernel": 8.0, "_gather_kernel": 4.0}
-    row = {"tuning": {**asdict(ScoreTuning()), "prefetch": True}, "context_tokens": 131072, "batch_size": 1, "status": "ok",
+    row = {"tuning": {**asdict(ScoreTuning(select_path="chunked")), "prefetch": True}, "context_tokens": 131072, "batch_size": 1, "status": "ok",
            "chunks": 512, "mean_us": 20.0, "sd_us": 0.1, "select_us": 12.0, "same_selection": True,
            "selection_problems": None, "kernel_us": per_call}
     table = markdown([row])
@@ -110,9 +114,9 @@ def test_between_layers_table_shows_the_chain_time_net_of_the_products():
 
     base = {"context_tokens": 131072, "batch_size": 1, "status": "ok", "chunks": 132, "mean_us": 16.0, "sd_us": 0.1,
             "select_us": 18.0, "same_selection": True, "selection_problems": None}
-    one = {**base, "tuning": asdict(ScoreTuning(select_path="one")), "mlp_us": 48.3, "in_chain_us": 47.94,
+    one = {**base, "tuning": {**asdict(ScoreTuning()), "select_path": "one"}, "mlp_us": 48.3, "in_chain_us": 47.94,
            "chain_kernel_us": {"locks_score_t": 16.1, "_keys_select_kernel": 31.0, "nvjet_sm90_gemv": 48.0}}
-    four = {**base, "tuning": asdict(ScoreTuning()), "mlp_us": 48.3, "in_chain_us": 36.0, "between": "layer",
+    four = {**base, "tuning": asdict(ScoreTuning(select_path="chunked")), "mlp_us": 48.3, "in_chain_us": 36.0, "between": "layer",
             "between_what": "sparse decode + a GLM-4-9B-like decoder layer (ffn 13696)"}
     plain = {**base, "tuning": asdict(ScoreTuning())}
     lines = markdown([one, four, plain]).splitlines()

@@ -143,59 +143,20 @@ def test_word_decode_fits_only_whole_words_and_dot_sized_k():
     assert not word_decode_fits(4, 128, 834, 160) and not word_decode_fits(4, 128, 832, 162)  # not whole words
 
 
-# The crowded-bin case (MANY_PAGES_CASE) runs the one-launch path in the fewer-selection-chunks test below.
-ROW_CASES = SELECT_CASES
-
-
 def _case_id(c: SelectCase) -> str:
     return (f"G{c.group}-{c.combine}-k{c.page_budget}" + ("-ties" if c.identical_pages else "")
             + (f"-flat{c.page_noise}" if c.page_noise else "") + f"-n{sum(c.seq_lens)}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", ROW_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-{c.combine}-k{c.page_budget}"
+@pytest.mark.parametrize("case", SELECT_CASES, ids=lambda c: f"G{c.group}-d{c.head_dim}-{c.fmt}-{c.combine}-k{c.page_budget}"
                          + ("-ties" if c.identical_pages else "") + (f"-flat{c.page_noise}" if c.page_noise else "")
                          + f"-n{sum(c.seq_lens)}")
-def test_one_launch_select_matches_reference(device, case):
-    """Selection in one launch (the pair's last program selects) against the reference, on every select
-    case: ties to the lower ids, near-flat pages, dense fallback; a crowded threshold bin below. (Four
-    launches: the kernel-level default, above.)"""
-    result = _check(device, case, tuning=ScoreTuning(select_path="one"))
-    assert result.ok, str(result)
-
-
-# The tail's cases: several sequences with partial pages and a dense one, every sequence dense, all scores
-# tied (one page, and 700 pages over many chunks), G not a power of two, near-flat pages (keys in a few bins).
-TAIL_CASES = [SELECT_CASES[0], SELECT_CASES[5], SELECT_CASES[6], SELECT_CASES[7], SELECT_CASES[18], SELECT_CASES[20]]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", TAIL_CASES, ids=_case_id)
-@pytest.mark.parametrize("block,compact", [(16, 1), (16, 256)])
-def test_one_launch_tail_in_small_steps_matches_reference(device, case, block, compact, monkeypatch):
-    """The one-launch path's tail: with 16-key steps every case takes several steps of both passes and the
-    prefetch of the next step; compact=1 sends every bin of two pages or more to the binary search over the
-    compacted list (flat pages: a bin of one value, no search pass), 256 (the production size) resolves the
-    bin in registers. (The production step, 2048 keys, is one step here: the test above, on every case.)"""
-    from locks_toolkit.kernels.select import one as topk_one
-
-    monkeypatch.setattr(topk_one, "LOOP_BLOCK", block)
-    monkeypatch.setattr(topk_one, "COMPACT", compact)
-    result = _check(device, case, tuning=ScoreTuning(select_path="one"))
-    assert result.ok, str(result)
-
-
-# The merge path's cases: several sequences with partial pages and a dense one, G = 7 under group_max, G = 8 at
-# d = 256 under group_mass, identical pages (every key tied), a workspace for a larger group, k = 600 over 700
-# tied pages, near-flat pages.
-MERGE_CASES = [SELECT_CASES[i] for i in (0, 2, 3, 6, 12, 18, 19, 20)]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case", MERGE_CASES, ids=_case_id)
-def test_merge_select_matches_reference(device, case):
-    """Each chunk's top-(k-2), merged by the pair's last program (select/merge.py), against the reference."""
-    result = _check(device, case, tuning=ScoreTuning(select_path="merge"))
+def test_chunked_select_matches_reference(device, case):
+    """Selection in three launches (keys, gather, resolve: the path merge declines to) against the reference, on
+    every select case: ties to the lower ids, near-flat pages, dense fallback; a crowded threshold bin below.
+    (The merge path, the kernel-level default: the first test.)"""
+    result = _check(device, case, tuning=ScoreTuning(select_path="chunked"))
     assert result.ok, str(result)
 
 
@@ -263,8 +224,8 @@ def test_merge_plan_covers_every_contested_page_within_its_limits():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case, coarse_pick, path", [
-    (MANY_PAGES_CASE, True, "one"), (MANY_PAGES_CASE, False, "chunked"),  # each pick on each path, once
-    (G8_D128_CASE, False, "one"), (G8_D128_CASE, True, "chunked"),
+    (MANY_PAGES_CASE, True, "merge"), (MANY_PAGES_CASE, False, "chunked"),  # each pick on the chunked path
+    (G8_D128_CASE, True, "chunked"),
 ], ids=lambda v: f"G{v.group}-n{sum(v.seq_lens)}" if isinstance(v, SelectCase) else str(v))
 def test_fewer_selection_chunks_than_score_chunks_match_reference(device, case, coarse_pick, path):
     """The score grid's chunk normalizers are merged in full when the selection runs over fewer chunks
@@ -298,9 +259,9 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     q = torch.randn((seqs, hkv * group, d), generator=gen).to(device)
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
     picks = []
-    for tuning in (ScoreTuning(), ScoreTuning(select_path="one"), ScoreTuning(select_path="one", coarse_pick=False),
-                   ScoreTuning(select_path="merge"), ScoreTuning(coarse_pick=False), ScoreTuning(),
-                   ScoreTuning(select_path="merge"), ScoreTuning(select_path="one")):
+    chunked = ScoreTuning(select_path="chunked")
+    for tuning in (ScoreTuning(), chunked, ScoreTuning(select_path="chunked", coarse_pick=False), ScoreTuning(), chunked,
+                   ScoreTuning()):
         selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
         ops.score_select(q, rows, table, lens, selected, layout, k, d**-0.5, workspace=ws, tuning=tuning)
         picks.append(selected.cpu())
@@ -310,12 +271,12 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
     from locks_toolkit.kernels.select.chunked import counts_width
 
     assert ws.counts.shape[1] == counts_width(MAX_CHUNKS)
-    assert int(ws.counts[:, MAX_CHUNKS].abs().sum()) == 0  # the slot counter (and the one-launch arrivals)
-    assert int(ws.counts[:, 2 * MAX_CHUNKS + 1].abs().sum()) == 0  # the chunked path's arrivals
+    assert int(ws.counts[:, MAX_CHUNKS].abs().sum()) == 0  # the chunked path's slot counter
+    assert int(ws.counts[:, 2 * MAX_CHUNKS + 1].abs().sum()) == 0  # the arrivals of both paths
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("path", ["one", "chunked", "merge"])
+@pytest.mark.parametrize("path", ["merge", "chunked"])
 def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path):
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
@@ -356,11 +317,11 @@ def test_select_battery_checks_every_requested_path_on_bf16_queries(device):
     from locks_toolkit.kernels.checks import select_battery
 
     repeat = device != "cpu"
-    results = select_battery(device, fresh_seed(), ("chunked", "one"), cases=[SELECT_CASES[5], SELECT_CASES[6]],
+    results = select_battery(device, fresh_seed(), ("chunked", "merge"), cases=[SELECT_CASES[5], SELECT_CASES[6]],
                              second_call=repeat)
     assert len(results) == 4
     assert all(r.ok for r in results), [str(r) for r in results if not r.ok]
-    assert sum("select_path='one'" in r.name for r in results) == 2
+    assert sum("select_path='merge'" in r.name for r in results) == 2
     transposed = select_battery(device, fresh_seed(), ("chunked",), cases=[G8_D128_CASE], scorer="transposed",
                                 second_call=repeat)
     assert len(transposed) == 1 and transposed[0].ok and "transposed=True" in transposed[0].name, [str(r) for r in transposed]
@@ -447,9 +408,9 @@ def test_paired_codes_and_query_rows_pair_the_same_dims(device):
 
 
 @pytest.mark.parametrize("device", [d for d in DEVICES if d == "cpu"] or [pytest.param("cpu", marks=pytest.mark.skip(reason="interpreter only"))])
-@pytest.mark.parametrize("path", ["one", "chunked", "merge"])
+@pytest.mark.parametrize("path", ["merge", "chunked"])
 def test_selection_does_not_depend_on_the_order_programs_run_in(device, path):
-    """The paths whose last program to arrive finishes the pair (one, merge) or whose programs share
+    """The paths whose last program to arrive finishes the pair (merge) or whose programs share
     counters (chunked), with every launch's programs run in reverse grid order (`reversed_program_order`)."""
     from locks_toolkit.kernels.checks import reversed_program_order
 

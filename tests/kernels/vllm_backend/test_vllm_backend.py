@@ -111,8 +111,8 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
     from locks_toolkit.kernels.vllm_backend.kernel_ops import TritonOps
 
     for name, fields in SCORER_KERNELS.items():
-        ops = TritonOps("one", False, name)
-        assert ops.tuning_for(8256) == replace(DEFAULT_TUNING, select_path="one", **fields)  # the tuning launches use
+        ops = TritonOps("chunked", False, name)
+        assert ops.tuning_for(8256) == replace(DEFAULT_TUNING, select_path="chunked", **fields)  # the tuning launches use
     assert TritonOps(scorer_kernel="pages")._tuning.transposed is False and TritonOps()._tuning.transposed
     assert TritonOps()._tuning.cuda and not TritonOps(scorer_kernel="transposed")._tuning.cuda
     with pytest.raises(ConfigError, match="use one of cuda, transposed, pages"):
@@ -130,7 +130,7 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
         ({"combine": "mean"}, "combine rule 'mean' unknown"),
         ({"scorer": "moment"}, "not served by the vLLM backend"),
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
-        ({"select": "two"}, "select 'two' unknown; use one of auto, merge, one, chunked"),
+        ({"select": "two"}, "select 'two' unknown; use one of auto, merge, chunked"),
         ({"pdl": "yes"}, "pdl must be true or false"),
         ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of cuda, transposed, pages"),
         ([1, 2], "must be a dict"),

@@ -203,7 +203,7 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
     shape = DecodeShape(max_seqs=4, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, max_pages=7, page_budget=page_budget)
     to = lambda t: t.to(device)  # noqa: E731
     results = {}
-    for label, ops in (("reference", ReferenceOps()), ("chunked", TritonOps("chunked")), ("one", TritonOps("one")), ("auto", TritonOps())):
+    for label, ops in (("reference", ReferenceOps()), ("chunked", TritonOps("chunked")), ("merge", TritonOps("merge")), ("auto", TritonOps())):
         rows = to(torch.zeros(num_blocks, hkv, layout.row_bytes, dtype=torch.uint8))
         selected = to(torch.full((4, hkv, page_budget), 7, dtype=torch.int32))
         out = to(torch.full((4, hq, d), float("nan")))
@@ -215,7 +215,7 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
         ops.sparse_paged_decode(to(q), to(k_cache), to(v_cache), to(table), to(seq_lens), selected, d**-0.5, out, workspace)
         results[label] = (selected.cpu(), out.cpu())
     ref_sel, ref_out = results["reference"]
-    for path in ("chunked", "one", "auto"):  # the backend's `select` setting: same pages, other launches
+    for path in ("chunked", "merge", "auto"):  # the backend's `select` setting: same pages, other launches
         tri_sel, tri_out = results[path]
         assert torch.equal(tri_sel[:3], ref_sel[:3]), path
         torch.testing.assert_close(tri_out[:3], ref_out[:3], rtol=1e-4, atol=1e-4)
@@ -234,7 +234,7 @@ def test_auto_select_runs_the_merge_path_at_every_width(device, caplog):
         assert auto.tuning_for(2080).select_path == "merge"  # cached: logged once per width
     said = [r.getMessage() for r in caplog.records]
     assert sum("runs the 'merge' selection path" in m for m in said) == 2, said
-    assert all(TritonOps(path).tuning_for(w).select_path == path for path in ("one", "chunked") for w in (7, 8256))
+    assert all(TritonOps(path).tuning_for(w).select_path == path for path in ("merge", "chunked") for w in (7, 8256))
 
 
 @pytest.mark.parametrize("device", _triton_devices())
