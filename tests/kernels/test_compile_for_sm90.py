@@ -29,7 +29,7 @@ def test_kernels_compile_for_sm90_without_spills():
     print(usage)
     assert set(usage) == {"_build_kernel", "_score_kernel", "_keys_kernel", "_gather_kernel", "_resolve_kernel",
                           "_merge_select_kernel", "_sparse_decode_kernel", "_merge_kernel",
-                          "_score_kernel[bytes]", "_score_kernel[fma]", "_score_kernel[pdl]", "_keys_kernel[pdl]",
+                          "_score_kernel[bytes]", "_score_kernel[fma]", "_score_kernel[pdl]", "_keys_kernel[pdl]", "_merge_select_kernel[short]",
                           "_sparse_decode_kernel[pdl]", "_score_t_kernel"}
     # PDL: the kernel lets its dependents launch and waits for its predecessor (two griddepcontrol
     # instructions); without it there are none.
