@@ -278,10 +278,30 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
 _MERGE_DECLINED: set[tuple[int, int]] = set()
 
 
-def merge_plan_for(pairs: int, table_pages: int, page_budget: int, device_idx: int | None,
-                   tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING) -> _merge.MergePlan | None:
-    """The merge path's launch shape for this batch shape, or None where it declines (the chunked path runs)."""
-    return _merge.merge_plan(pairs, table_pages, page_budget, num_sms(device_idx), tuning.select_chunks)
+def _launch_merge_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget,
+                         tuning: _ss.ScoreTuning, table_pages: int) -> bool:
+    """select/merge.py's one launch; False where its plan declines this budget (said once per (pairs, k))."""
+    num_seqs, num_kv_heads, _ = selected_pages.shape
+    pairs = num_seqs * num_kv_heads
+    plan = _merge.merge_plan(pairs, table_pages, page_budget, num_sms(device_index(seq_lens)), tuning.select_chunks)
+    if plan is None:
+        if (pairs, page_budget) not in _MERGE_DECLINED:
+            _MERGE_DECLINED.add((pairs, page_budget))
+            log.warning("merge selection declines k=%d on %d pairs (its candidate tile would pass %d); the chunked "
+                        "path runs", page_budget, pairs, _merge.MAX_CANDIDATES)
+        return False
+    list_slots = next_pow2(max(page_budget - 2, 1))  # a chunk's list in the last program's tile
+    _merge._merge_select_kernel[(pairs, plan.chunks)](
+        ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages,
+        num_kv_heads, ws.max_pages, plan.chunks, page_budget, score_chunks,
+        G=group, GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=_sel.COMBINE_CODES[combine],
+        STEPS=_sel.KEY_STEPS_PER_UNIT, SCP=next_pow2(score_chunks), SUB=min(_merge.KEYS_SUB_BLOCK, plan.block),
+        BLOCK=plan.block, CH_PAD=next_pow2(plan.chunks), KC=list_slots, K_PAD=next_pow2(page_budget),
+        KEY_BITS=_merge.KEY_BITS, CHUNK_WAYS=_merge.log_ways(plan.block, _merge.MERGE_WARPS),
+        TILE_WAYS=_merge.log_ways(next_pow2(plan.chunks) * list_slots, _merge.MERGE_WARPS),
+        PDL=tuning.pdl, launch_pdl=tuning.pdl, num_warps=_merge.MERGE_WARPS,
+    )
+    return True
 
 
 def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget,
@@ -289,8 +309,11 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
     """The selection launches of score_select after the score kernel (`tuning.select_path`: one launch,
     select/merge.py, or three, select/chunked.py, which also runs where merge declines; arguments already
     checked). The chunked path runs min(score_chunks, tuning.select_chunks) chunks per pair, the merge path
-    `merge_plan_for`'s. table_pages: the block table's width (default: the workspace's). The kernel bench
+    `merge.merge_plan`'s. table_pages: the block table's width (default: the workspace's). The kernel bench
     times them alone."""
+    if tuning.select_path == "merge" and _launch_merge_select(
+            ws, seq_lens, selected_pages, group, score_chunks, combine, page_budget, tuning, table_pages or ws.max_pages):
+        return
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
     chunks = max(1, min(score_chunks, tuning.select_chunks))
@@ -299,26 +322,6 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
     sizes = (num_kv_heads, ws.max_pages, chunks, page_budget)
     keys = dict(G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
                 STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, SCP=next_pow2(score_chunks), **common)
-    if tuning.select_path == "merge":
-        plan = merge_plan_for(pairs, table_pages or ws.max_pages, page_budget, device_index(seq_lens), tuning)
-        if plan is not None:
-            _merge._merge_select_kernel[(pairs, plan.chunks)](
-                ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages,
-                num_kv_heads, ws.max_pages, plan.chunks, page_budget, score_chunks,
-                G=group, GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=_sel.COMBINE_CODES[combine],
-                STEPS=_sel.KEY_STEPS_PER_UNIT, SCP=next_pow2(score_chunks), SUB=min(_merge.KEYS_SUB_BLOCK, plan.block),
-                BLOCK=plan.block, CH_PAD=next_pow2(plan.chunks), KC=next_pow2(max(page_budget - 2, 1)),
-                K_PAD=next_pow2(page_budget), KEY_BITS=_merge.KEY_BITS,
-                CHUNK_WAYS=_merge.log_ways(plan.block, _merge.MERGE_WARPS),
-                TILE_WAYS=_merge.log_ways(next_pow2(plan.chunks) * next_pow2(max(page_budget - 2, 1)), _merge.MERGE_WARPS),
-                PDL=tuning.pdl, launch_pdl=tuning.pdl,
-                num_warps=_merge.MERGE_WARPS,
-            )
-            return
-        if (pairs, page_budget) not in _MERGE_DECLINED:
-            _MERGE_DECLINED.add((pairs, page_budget))
-            log.warning("merge selection declines k=%d on %d pairs (its candidate tile would pass %d); the chunked "
-                        "path runs", page_budget, pairs, _merge.MAX_CANDIDATES)
     _sel._keys_kernel[(pairs, chunks)](
         ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, seq_lens, *sizes, score_chunks,
         num_warps=_sel.KEYS_WARPS, **keys, **pick,

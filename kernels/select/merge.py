@@ -5,8 +5,9 @@ Reference: `reference.select.combine_group` (page_mask = `config.scored_pages`) 
 and tie rule are chunked.py's (23-bit fixed-point log shares, ties to the lower page id).
 
 `_merge_select_kernel`, grid (S * Hkv, chunks): every program computes the keys of its chunk of contested
-pages (at most BLOCK) and finds the chunk's own top-(k-2) by (key descending, page ascending): a binary
-search for the threshold key over the bits in which the chunk's keys differ, then the ties in page order.
+pages (at most BLOCK) and finds the chunk's own top-(k-2) by (key descending, page ascending): a search for
+the threshold key over the bits in which the chunk's keys differ (8 trial values a pass on small tiles, binary
+on large ones: `log_ways`), then the ties in page order.
 A page of the pair's top-(k-2) is in its chunk's top-(k-2) (fewer than k-2 pages of the pair come before
 it, so fewer of its chunk do), so the chunks' lists hold the answer. Each program writes its list, in page
 order, at the head of its chunk's own page range of the candidate buffers (the keys stay as computed) and arrives at the pair's counter; the last program to
