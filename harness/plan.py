@@ -7,6 +7,7 @@ validated once; errors name the fix. `cells()` expands it into engine jobs and c
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -76,7 +77,9 @@ class DecodePlan:
     seed: int = 0
     clock_sag_threshold: float = 0.25
     require_nvml: bool = False
-    hbm_bytes_per_s: float = 4.23e12
+    # The rate byte floors divide by. None: the engine's device copy bandwidth, measured at each engine boot
+    # (harness/bandwidth.py), so a record's floors are its own card's; a number pins it (bytes/s).
+    hbm_bytes_per_s: float | None = None
     output: str = "runs/bench.jsonl"
     model_cache_dir: str | None = None
     isolation: str = "process"  # "process" (one subprocess per engine) or "inline" (debugging)
@@ -259,6 +262,13 @@ def _coerce(name: str, value):
         return parse_size(value)
     default = _DEFAULTS.get(name)
     try:
+        if name == "hbm_bytes_per_s":
+            if value is None:
+                return None
+            rate = float(value)
+            if not math.isfinite(rate) or rate <= 0:
+                raise ValueError
+            return rate
         # YAML 1.1 reads `4.23e12` (no dot) as a string; numbers are coerced to the field's type here.
         if isinstance(default, bool):
             if not isinstance(value, bool):
@@ -270,6 +280,9 @@ def _coerce(name: str, value):
                 raise ValueError
             return None if value is None else int(value)
     except (TypeError, ValueError):
+        if name == "hbm_bytes_per_s":
+            raise ConfigError(f"hbm_bytes_per_s = {value!r} is not a positive rate in bytes/s (e.g. 3.0e12), "
+                              "or null to measure the device at engine boot") from None
         raise ConfigError(f"{name} = {value!r} is not a {type(default).__name__ if default is not None else 'number'}") from None
     return value
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -87,15 +88,27 @@ def step_stats(step_ms: Sequence[float], batch: int) -> dict:
     }
 
 
-def cell_bytes(plan, geometry: ModelGeometry, context: int, budget: int | None, batch: int, weights: dict | None,
+@dataclass(frozen=True)
+class FloorBasis:
+    """What an engine's byte floors stand on: the weight bytes a step reads (None: unknown) and the rate
+    bytes move at, with where that rate came from (harness/bandwidth.py: measured at boot, or the plan's)."""
+
+    weights: dict | None
+    bandwidth_bytes_per_s: float
+    bandwidth_source: str
+
+
+def cell_bytes(plan, geometry: ModelGeometry, context: int, budget: int | None, batch: int, basis: FloorBasis,
                decoded_before: int = 0) -> dict:
     """Bytes per decode step at the live length mid-measurement (the prompt, the tokens decoded before the
     cell, settle and half the windows): attention ({dense, locks}), weights, and the floors: floor_ms of
-    the attention bytes alone, step_floor_ms of weights + attention bytes."""
+    the attention bytes alone, step_floor_ms of weights + attention bytes, both at the basis' rate."""
+    rate, weights = basis.bandwidth_bytes_per_s, basis.weights
     live = context + decoded_before + plan.settle_steps + plan.windows * plan.steps_per_window // 2
     tokens = [live] * batch
     dense = dense_bytes_per_step(geometry, tokens)
-    out = {"dense": dense, "locks": None, "live_tokens": live, "bandwidth_bytes_per_s": plan.hbm_bytes_per_s}
+    out = {"dense": dense, "locks": None, "live_tokens": live, "bandwidth_bytes_per_s": rate,
+           "bandwidth_source": basis.bandwidth_source}
     if budget is not None:
         parts = locks_bytes_per_step(geometry, tokens, budget, SummaryFormat.parse(plan.summary_format))
         out.update(locks=parts["total"], summary_bytes=parts["summary_bytes"],
@@ -117,10 +130,10 @@ def cell_bytes(plan, geometry: ModelGeometry, context: int, budget: int | None, 
         "weights": per_gpu_weight,
         "step_bytes": per_gpu_attention + per_gpu_weight if per_gpu_weight is not None else None,
     }
-    out["floor_ms"] = floor_ms(per_gpu_attention, plan.hbm_bytes_per_s)
+    out["floor_ms"] = floor_ms(per_gpu_attention, rate)
     step_gpu = out["per_gpu"]["step_bytes"]
     if step_gpu is not None:
-        out["step_floor_ms"], out["step_floor_basis"] = floor_ms(step_gpu, plan.hbm_bytes_per_s), FLOOR_RECORDED
+        out["step_floor_ms"], out["step_floor_basis"] = floor_ms(step_gpu, rate), FLOOR_RECORDED
     else:
         out["step_floor_ms"], out["step_floor_basis"] = out["floor_ms"], FLOOR_KV_ONLY
         out["step_floor_why"] = "the weight bytes of this model are not known (harness/weights.py)"

@@ -21,7 +21,8 @@ from . import guards, nvml
 from .arms import SparseKnobs, get_arm
 from .plan import DecodePlan
 from .presets import ModelGeometry
-from .traffic import cell_bytes, step_stats
+from .bandwidth import FROM_PLAN, MEASURED, copy_bandwidth_bytes_per_s
+from .traffic import FloorBasis, cell_bytes, step_stats
 from .ttft import build_estimate, counter_delta, measure_ttft, prefill_protocol, single_prefill_ttft
 from .weights import choose_weights
 
@@ -179,6 +180,7 @@ def _run_session(session, job: EngineJob, emit) -> None:
     gpu = next(iter(gpus.values()))
     tied = bool((job.weights or {}).get("tied_embeddings", False))
     weights = choose_weights(session.model_weights(tied), job.weights)
+    basis = floor_basis(job, weights)
     info = {
         "boot_s": session.boot_s,
         "num_kv_blocks": session.num_kv_blocks,
@@ -194,6 +196,8 @@ def _run_session(session, job: EngineJob, emit) -> None:
         "ranks": session.rank_facts(),
         "weights": weights,
         "weights_config": job.weights,
+        "copy_bandwidth_bytes_per_s": basis.bandwidth_bytes_per_s,
+        "bandwidth_source": basis.bandwidth_source,
     }
     single = job.plan.single_prefill(job.context)
     try:
@@ -204,7 +208,7 @@ def _run_session(session, job: EngineJob, emit) -> None:
     emit({"type": "engine", "info": info})
     sm_max = {key: (info_ or {}).get("sm_clock_max_mhz") for key, info_ in gpus.items()}
     if job.plan.batch_prefill == "once":
-        _run_prefill_once(session, job, emit, sm_max, weights)
+        _run_prefill_once(session, job, emit, sm_max, basis)
         emit({"type": "done"})
         return
     frontier: int | None = None
@@ -221,7 +225,7 @@ def _run_session(session, job: EngineJob, emit) -> None:
             continue
         try:
             result = measure_cell(session, job, batch, sm_max, with_ttft=job.measure_ttft and index == 0,
-                                  weights=weights, ramp=single and index == 0, emit=emit)
+                                  basis=basis, ramp=single and index == 0, emit=emit)
         except EngineStall as exc:
             frontier = batch
             emit({"type": "cell", "batch": batch, "status": "oom", "reason": f"KV pressure: {exc}"})
@@ -238,7 +242,7 @@ def _run_session(session, job: EngineJob, emit) -> None:
     emit({"type": "done"})
 
 
-def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, weights: dict | None) -> None:
+def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, basis: FloorBasis) -> None:
     """batch_prefill once: prefill the largest batch that fits, measure it, then keep the last b requests
     for each smaller batch (largest first) and measure again; one prefill per engine. The last requests are
     the ones prefilled last: under chunked prefill the first ones decode while the later chunks run (at 32K x
@@ -275,7 +279,7 @@ def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, weights: dict
             session.abort(ids[:-batch], drain=False)  # the settle steps below let the scheduler drop them
             ids = ids[-batch:]
         try:
-            result, steps = measure_live(session, job, batch, ids, sm_max, weights, ramp=single and index == 0,
+            result, steps = measure_live(session, job, batch, ids, sm_max, basis, ramp=single and index == 0,
                                          emit=emit, decoded_before=decoded)
         except Exception as exc:  # noqa: BLE001 - the shared requests' state is unknown; the parent marks the rest
             emit({"type": "cell", "batch": batch, "status": "oom" if is_oom(exc) else "error",
@@ -299,6 +303,17 @@ def _run_prefill_once(session, job: EngineJob, emit, sm_max: dict, weights: dict
         with_ttft = job.measure_ttft and (index == 0 if single else last)
         _add_ttft(result, session, job, pre, largest, prefill_counters, with_ttft, emit)
         emit({"type": "cell", "batch": batch, **result})
+
+
+def floor_basis(job: EngineJob, weights: dict | None) -> FloorBasis:
+    """The engine's floor basis: its weight bytes and the plan's pinned rate, or else this device's copy
+    bandwidth measured now (after boot: a TP engine's rank processes are already spawned)."""
+    if job.plan.hbm_bytes_per_s is not None:
+        return FloorBasis(weights, job.plan.hbm_bytes_per_s, FROM_PLAN)
+    device = "cuda" if get_arm(job.arm).device == "cuda" else "cpu"
+    rate = copy_bandwidth_bytes_per_s(device)
+    log.info("copy bandwidth of %s: %.2f TB/s (every byte floor of this engine's cells)", device, rate / 1e12)
+    return FloorBasis(weights, rate, MEASURED)
 
 
 def _devices(job: EngineJob) -> list[int | str] | None:
@@ -348,7 +363,7 @@ def _ramp(session, job: EngineJob, request_ids: list[str]) -> dict:
     return {"ramp_steps": len(ramp.step_ms), "ramp_step_ms": ramp.step_ms, "ramp_sm_mhz": clocks}
 
 
-def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: bool, weights: dict | None = None,
+def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: bool, basis: FloorBasis,
                  ramp: bool = False, emit=None) -> dict:
     """Prefill, [clock ramp,] settle, timed windows with guards, abort; optionally the TTFT repeats.
 
@@ -361,7 +376,7 @@ def measure_cell(session, job: EngineJob, batch: int, sm_max: dict, with_ttft: b
     """
     emit = emit or (lambda message: None)
     pre, prefill_counters = _prefill(session, job, batch, emit)
-    result, _ = measure_live(session, job, batch, pre.request_ids, sm_max, weights, ramp=ramp, emit=emit)
+    result, _ = measure_live(session, job, batch, pre.request_ids, sm_max, basis, ramp=ramp, emit=emit)
     session.abort(pre.request_ids)
     result["prefill"] = _prefill_fields(pre, batch, prefill_counters)
     result["prefills"] = prefill_protocol(job.plan, job.context, with_ttft)
@@ -396,7 +411,7 @@ def _add_ttft(result: dict, session, job: EngineJob, pre, batch: int, prefill_co
         result["build_ms"], result["build_method"] = build_estimate(result["ttft_ms"], sparse=job.budget is not None)
 
 
-def measure_live(session, job: EngineJob, batch: int, request_ids: list[str], sm_max: dict, weights: dict | None,
+def measure_live(session, job: EngineJob, batch: int, request_ids: list[str], sm_max: dict, basis: FloorBasis,
                  ramp: bool = False, emit=None, decoded_before: int = 0) -> tuple[dict, int]:
     """[Clock ramp,] settle and the timed windows on `batch` live requests that have already decoded
     `decoded_before` tokens; (the cell's status and measurement fields, decode steps this ran)."""
@@ -431,7 +446,7 @@ def measure_live(session, job: EngineJob, batch: int, request_ids: list[str], sm
     status, reason = guards.judge_cell(verdicts, deployed)
     clean_ms = [ms for w in windows if w["clean"] for ms in w["step_ms"]]
     tpot = step_stats(clean_ms, batch)
-    traffic = cell_bytes(job.plan, job.geometry, job.context, job.budget, batch, weights, decoded_before + ramp_steps)
+    traffic = cell_bytes(job.plan, job.geometry, job.context, job.budget, batch, basis, decoded_before + ramp_steps)
     result = {
         "status": status,
         "reason": reason,

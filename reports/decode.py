@@ -365,8 +365,8 @@ LADDER_LEGEND = (
     f"{BUILD_KERNEL}: the summary build's kernel time in one prefill (CUDA events read by the backend), mean ± sd "
     "over the prefills it was read around. "
     "KV bytes/step: attention bytes only (all KV for a dense arm; summaries scanned + selected pages for Locks). "
-    f"{FLOOR}: (weight bytes a step reads + KV bytes/step) / the measured copy bandwidth, as a share of the "
-    "measured TPOT.")
+    f"{FLOOR}: (weight bytes a step reads + KV bytes/step) / the copy bandwidth recorded with the cell, "
+    "as a share of the measured TPOT.")
 
 
 def _align(header: list[str]) -> str:

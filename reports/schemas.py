@@ -27,8 +27,10 @@ locks.bench.decode/2  (one per (arm, model, context, batch) session; version 1 i
     build_ms      one-time summary build (first prefill after decode - steady mean), null unless above
                   3 sd of the steady samples; build_method says how it was set or why it is null.
                   The ladder shows it when set, else steady TTFT - the lowest dense steady TTFT (Δ TTFT vs dense)
-    bytes_per_step {dense, locks, weights, step_bytes, bandwidth_bytes_per_s}   bytes read per decode step:
-                   attention (KV or Locks) and weights (all but an untied input embedding table)
+    bytes_per_step {dense, locks, weights, step_bytes, bandwidth_bytes_per_s, bandwidth_source}   bytes read per
+                   decode step: attention (KV or Locks) and weights (all but an untied input embedding table);
+                   the rate floors divide by, measured as the device's copy bandwidth at engine boot unless the
+                   plan pins hbm_bytes_per_s (records before that carry the plan's 4.23e12, the H200's)
     floor_ms      bandwidth floor of this arm's attention bytes alone
     step_floor_ms (weights + attention bytes) / bandwidth; the ladder's Floor = step_floor_ms / tpot mean
     step_floor_basis  "recorded" | "preset" (weights from the model preset) | "kv_only" (attention bytes

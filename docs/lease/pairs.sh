@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
 # Matched pairs of issue "never slower than dense" in one detached chain (after install.sh in the same call):
-# 16K and 32K at batch 1, 4, 16, 32 from one prefill per engine against FlashInfer and FA3, then the earlier
-# selection path (`locks[select=one]`) on the same grid, so the change shows in one run. Each store is appended
-# cell by cell under /tmp/runs; poll with pollloop.sh.
+# 16K and 32K at batch 1, 4, 16, 32 from one prefill per engine against FlashInfer and FA3. Each store is
+# appended cell by cell under /tmp/runs; poll with pollloop.sh.
 #   setsid nohup bash docs/lease/pairs.sh > /tmp/runs/chain-pairs.log 2>&1 &
 set -u
 B="python3 -m locks_toolkit.locks_cli.main bench decode --budget 2048 --async-scheduling --single-prefill-from 128k --batch-prefill once"
 $B --arms flashinfer,fa3,locks --contexts 16k --batch 1,4,16,32 --out /tmp/runs/pairs-16k.jsonl
 $B --arms flashinfer,fa3,locks --contexts 32k --batch 1,4,16,32 --out /tmp/runs/pairs-32k.jsonl
-$B --arms "locks[select=one]" --contexts 16k,32k --batch 1,4,16,32 --out /tmp/runs/pairs-one.jsonl
 echo "CHAIN DONE"

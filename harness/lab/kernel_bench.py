@@ -39,6 +39,7 @@ from ...kernels.score.pages import ScoreTuning
 from ...kernels.testing import fresh_seed
 from ...kernels.vllm_backend.kernel_ops import TritonOps
 from ...kernels.vllm_backend.settings import BackendSettings
+from ..bandwidth import copy_bandwidth_bytes_per_s
 from ..record_schemas import KERNEL
 from ..workload import format_size
 from .graph_timing import time_eager, time_graph
@@ -46,7 +47,6 @@ from .graph_timing import time_eager, time_graph
 log = logging.getLogger(__name__)
 
 SCHEMA = KERNEL
-COPY_BYTES = 1 << 30  # per copy of the bandwidth measurement: far past the L2
 L2_BYTES = 60 * 2**20  # H200 L2 as PyTorch reports it
 ALIASES = {"glm4-9b-1m": "glm-4-9b-chat-1m", "glm-4-9b-1m": "glm-4-9b-chat-1m", "llama3.1-8b": "llama-3.1-8b"}
 
@@ -286,26 +286,6 @@ def _dense_baselines(geom, state, batch, q, scale, out) -> dict:
                 torch.nn.functional.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)
         fns["sdpa"] = sdpa
     return fns
-
-
-def copy_bandwidth_bytes_per_s(reps: int = 10) -> float:
-    """This GPU's device-to-device copy bandwidth (bytes read + written per second), the best of `reps` timed
-    copies of COPY_BYTES after three untimed ones: the rate every byte floor of the run divides by."""
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    best_s = math.inf
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        best_s = min(best_s, start.elapsed_time(end) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * COPY_BYTES / best_s
 
 
 def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLayout, state: _ContextState,

@@ -27,12 +27,22 @@ from locks_toolkit.kernels.vllm_backend.settings import parse_settings
 
 def test_default_plan_is_the_protocol():
     plan = load_plan()
-    assert plan.hbm_bytes_per_s == 4.23e12  # YAML 1.1 reads 4.23e12 as a string; the plan coerces it
+    assert plan.hbm_bytes_per_s is None  # byte floors use the copy bandwidth each engine measures at boot
     assert (plan.windows, plan.steps_per_window, plan.ttft_repeats) == (3, 64, 3)
     assert plan.arms == ("fa3", "flashinfer", "locks") and plan.graph_mode == "full_decode_only" and plan.async_scheduling is False
     assert plan.contexts == (16384, 32768, 65536, 131072)
     assert plan.effective_max_model_len >= 131072 + plan.decode_tokens_per_request
     assert plan.effective_max_model_len % 16 == 0
+
+
+def test_a_pinned_copy_bandwidth_is_coerced_and_a_bad_one_names_the_fix(tmp_path):
+    plan_file = tmp_path / "plan.yaml"
+    plan_file.write_text("hbm_bytes_per_s: 3.03e12\n")  # YAML 1.1 reads this as a string
+    assert load_plan(plan_file).hbm_bytes_per_s == 3.03e12
+    for bad in ("fast", "-1", "0"):
+        plan_file.write_text(f"hbm_bytes_per_s: {bad}\n")
+        with pytest.raises(ConfigError, match="positive rate in bytes/s.*null to measure"):
+            load_plan(plan_file)
 
 
 def test_overrides_take_sizes_and_comma_lists():

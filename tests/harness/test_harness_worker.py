@@ -10,6 +10,7 @@ import types
 import pytest
 from locks_toolkit.harness import nvml
 from locks_toolkit.harness import session as session_module
+from locks_toolkit.harness.bandwidth import MEASURED
 from locks_toolkit.harness.arms import ARMS, Arm
 from locks_toolkit.harness.plan import load_plan
 from locks_toolkit.harness.presets import ModelGeometry, load_preset_config
@@ -206,6 +207,9 @@ def test_step_floor_adds_the_weights_the_step_reads(scripted):
     assert cell["step_floor_ms"] == pytest.approx(traffic["step_bytes"] / traffic["bandwidth_bytes_per_s"] * 1e3)
     assert cell["floor_ms"] == pytest.approx(traffic["locks"] / traffic["bandwidth_bytes_per_s"] * 1e3)  # attention only
     assert cell["step_floor_basis"] == "recorded" and "step_floor_why" not in cell
+    # no rate pinned in the plan: the engine measured its device (here the CPU) at boot, and every floor uses it
+    assert engine["info"]["bandwidth_source"] == traffic["bandwidth_source"] == MEASURED
+    assert traffic["bandwidth_bytes_per_s"] == engine["info"]["copy_bandwidth_bytes_per_s"] > 1e8
 
 
 def test_a_model_of_unknown_weight_bytes_records_the_attention_floor_and_why(scripted, monkeypatch):

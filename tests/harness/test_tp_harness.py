@@ -17,6 +17,7 @@ import pytest
 from locks_toolkit.harness import guards as g
 from locks_toolkit.harness import nvml, ranks, runner
 from locks_toolkit.harness import session as session_module
+from locks_toolkit.harness.bandwidth import FROM_PLAN
 from locks_toolkit.harness.plan import load_plan
 from locks_toolkit.harness.presets import ModelGeometry, load_preset_config
 from locks_toolkit.harness.session import DecodeLog, PrefillLog
@@ -199,7 +200,8 @@ class TwoRankSession:
 def _tp2_job(context=65536):
     plan = load_plan(None, {"model": GLM, "arms": "fa3,locks", "contexts": context, "batch_sizes": "1",
                             "windows": 2, "steps_per_window": 4, "ramp_min_steps": 2, "ramp_max_steps": 3,
-                            "ttft_repeats": 2, "tensor_parallel_size": 2, "require_nvml": True})
+                            "ttft_repeats": 2, "tensor_parallel_size": 2, "require_nvml": True,
+                            "hbm_bytes_per_s": 3.0e12})  # pinned: no GPU here to measure
     config = load_preset_config(GLM)
     return EngineJob(plan, "locks", context, 2048, (1,), "/nowhere", True, ModelGeometry.from_config(config),
                      151552, True, weights=weights_from_config(config))
@@ -235,7 +237,8 @@ def test_tp2_job_with_clean_gpus_is_ok_and_floors_use_one_gpus_bytes(monkeypatch
     assert traffic["tensor_parallel_size"] == 2 and traffic["per_gpu"]["attention"] * 2 == traffic["locks"]
     assert traffic["per_gpu"]["weights"] == -(-traffic["weights"] // 2)
     per_gpu = traffic["per_gpu"]["attention"] + traffic["per_gpu"]["weights"]
-    assert cell["step_floor_ms"] == pytest.approx(per_gpu / job.plan.hbm_bytes_per_s * 1e3)
+    assert cell["step_floor_ms"] == pytest.approx(per_gpu / 3.0e12 * 1e3)
+    assert traffic["bandwidth_source"] == FROM_PLAN
     assert traffic["step_bytes"] == traffic["locks"] + traffic["weights"]  # totals stay totals
 
 
