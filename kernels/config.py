@@ -96,8 +96,8 @@ SELECT_PATHS: tuple[str, ...] = ("merge", "chunked")
 SELECT_CHOICES: tuple[str, ...] = ("auto",) + SELECT_PATHS
 
 
-def select_path_for(select: str, table_pages: int) -> str:
-    """The selection path that `select` (SELECT_CHOICES) runs on a block table `table_pages` wide."""
+def select_path_for(select: str) -> str:
+    """The selection path that `select` (SELECT_CHOICES) runs."""
     return "merge" if select == "auto" else select
 
 

@@ -122,10 +122,10 @@ def kernel_settings(cfg: KernelBenchConfig) -> dict:
     return {key: value for key, value in chosen.items() if value != getattr(BackendSettings, key)}
 
 
-def resolve_tuning(cfg: KernelBenchConfig, table_pages: int) -> ScoreTuning:
-    """The score + selection tuning the backend runs with these settings on a block table `table_pages` wide
-    (kernels/vllm_backend/kernel_ops.TritonOps, the one resolution)."""
-    return TritonOps(cfg.select, cfg.pdl, cfg.scorer_kernel).tuning_for(table_pages)
+def resolve_tuning(cfg: KernelBenchConfig) -> ScoreTuning:
+    """The score + selection tuning the backend runs with these settings (kernels/vllm_backend/kernel_ops.TritonOps,
+    the one resolution)."""
+    return TritonOps(cfg.select, cfg.pdl, cfg.scorer_kernel).tuning
 
 
 def kernels_that_run(q: torch.Tensor, rows: torch.Tensor, layout: SummaryLayout, group: int, tuning: ScoreTuning) -> dict:
@@ -304,7 +304,7 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
     dws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev)
     ids = bt[:, : state.full].reshape(-1).contiguous()
     chunks = [0]
-    tuning = resolve_tuning(cfg, bt.shape[1])
+    tuning = resolve_tuning(cfg)
     ops.prepare_score_kernel(state.rows[0], layout, geom.group, tuning)  # the CUDA kernel's compile, before capture
 
     def score():

@@ -8,7 +8,6 @@ batched over rows (eager only; they exist for same-engine quality comparisons, n
 
 from __future__ import annotations
 
-import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
@@ -22,8 +21,6 @@ from ..decode.reference import paged_decode_reference
 from ..score.reference import summary_page_scores
 from ..score.selectors import make_scorer
 from ..select.reference import combine_group, select_pages
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -204,20 +201,8 @@ class TritonOps:
         from ..score.pages import SCORER_KERNELS as TUNING_OF  # noqa: PLC0415 - name -> ScoreTuning fields
 
         self._ops = ops
-        self._select = select
-        # select_path is settled per block-table width (`tuning_for`); prepare and decode read no other field
-        self._tuning = replace(DEFAULT_TUNING, pdl=pdl, **TUNING_OF[scorer_kernel])
-        self._tuning_by_width: dict[int, Any] = {}
-
-    def tuning_for(self, table_pages: int) -> Any:
-        """The ScoreTuning of a block table `table_pages` wide (an engine's table width never changes, so
-        every graph it captures runs one path); logs the path "auto" picked, once per width."""
-        tuning = self._tuning_by_width.get(table_pages)
-        if tuning is None:
-            tuning = self._tuning_by_width[table_pages] = replace(self._tuning, select_path=select_path_for(self._select, table_pages))
-            if self._select == "auto":
-                logger.info("Locks: select=auto runs the %r selection path on block tables %d pages wide", tuning.select_path, table_pages)
-        return tuning
+        # the launches' tuning: one selection path and scorer for every block-table width the engine has
+        self.tuning = replace(DEFAULT_TUNING, pdl=pdl, select_path=select_path_for(select), **TUNING_OF[scorer_kernel])
 
     def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> Any:
         group = shape.num_q_heads // shape.num_kv_heads
@@ -230,7 +215,7 @@ class TritonOps:
 
     def prepare(self, summary_rows, layout, group: int) -> None:
         """Before graph capture: load what the score kernel needs (the CUDA kernel's NVRTC compile)."""
-        self._ops.prepare_score_kernel(summary_rows, layout, group, self._tuning)
+        self._ops.prepare_score_kernel(summary_rows, layout, group, self.tuning)
 
     def layer_tables(self, k_caches, summary_rows, layout) -> Any:
         return self._ops.layer_tables(k_caches, summary_rows, layout)
@@ -241,12 +226,12 @@ class TritonOps:
     def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace) -> None:
         self._ops.score_select(
             q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads,
-            workspace=workspace[0], tuning=self.tuning_for(block_table.shape[1]),
+            workspace=workspace[0], tuning=self.tuning,
         )
 
     def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace) -> None:
         self._ops.sparse_paged_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace[1],
-                                      pdl=self._tuning.pdl)
+                                      pdl=self.tuning.pdl)
 
 
 def ops_for_device(device: torch.device | str, select: str = SELECT_CHOICES[0], pdl: bool = False,

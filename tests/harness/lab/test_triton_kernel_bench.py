@@ -66,23 +66,21 @@ def test_cli_refuses_without_gpu():
     assert "needs a CUDA GPU" in result.output
 
 
-@pytest.mark.parametrize("table_pages, path", [(2048 + 1, "merge"), (65536 + 1, "merge")])
-def test_the_bench_times_the_kernels_the_backend_resolves(table_pages, path):
+def test_the_bench_times_the_kernels_the_backend_resolves():
     """Defaults are the backend's settings, resolved by the backend's own code: the CUDA scorer (Triton transposed
-    where it declines) and the selection path of the block table's width."""
-    from locks_toolkit.kernels.config import select_path_for
+    where it declines) and the merge selection."""
     from locks_toolkit.kernels.score.pages import DEFAULT_TUNING
     from locks_toolkit.kernels.vllm_backend.kernel_ops import TritonOps
     from locks_toolkit.kernels.vllm_backend.settings import BackendSettings
 
     cfg = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,))
-    tuning = kb.resolve_tuning(cfg, table_pages)
+    tuning = kb.resolve_tuning(cfg)
     settings = BackendSettings()
-    assert tuning == TritonOps(settings.select, settings.pdl, settings.scorer_kernel).tuning_for(table_pages)
+    assert tuning == TritonOps(settings.select, settings.pdl, settings.scorer_kernel).tuning
     assert tuning.cuda and tuning.transposed and tuning != DEFAULT_TUNING  # not the kernel-level defaults
-    assert tuning.select_path == path == select_path_for("auto", table_pages)
+    assert tuning.select_path == "merge"
     pinned = kb.resolve_tuning(kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,),
-                                                    select="chunked", scorer_kernel="pages"), table_pages)
+                                                    select="chunked", scorer_kernel="pages"))
     assert pinned.select_path == "chunked" and not pinned.cuda and not pinned.transposed
 
 
@@ -92,7 +90,7 @@ def test_the_record_names_the_score_kernel_that_takes_the_call():
     from locks_toolkit.kernels.build.packing import SummaryLayout as Layout
 
     cfg = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,))
-    tuning = kb.resolve_tuning(cfg, 2048)
+    tuning = kb.resolve_tuning(cfg)
     q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
     r8i4 = Layout(SummaryFormat.parse("r8i4"), 128)
     rows = torch.zeros(8, 4, r8i4.row_bytes, dtype=torch.uint8)

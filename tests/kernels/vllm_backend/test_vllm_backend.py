@@ -112,9 +112,9 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
 
     for name, fields in SCORER_KERNELS.items():
         ops = TritonOps("chunked", False, name)
-        assert ops.tuning_for(8256) == replace(DEFAULT_TUNING, select_path="chunked", **fields)  # the tuning launches use
-    assert TritonOps(scorer_kernel="pages")._tuning.transposed is False and TritonOps()._tuning.transposed
-    assert TritonOps()._tuning.cuda and not TritonOps(scorer_kernel="transposed")._tuning.cuda
+        assert ops.tuning == replace(DEFAULT_TUNING, select_path="chunked", **fields)  # the tuning launches use
+    assert TritonOps(scorer_kernel="pages").tuning.transposed is False and TritonOps().tuning.transposed
+    assert TritonOps().tuning.cuda and not TritonOps(scorer_kernel="transposed").tuning.cuda
     with pytest.raises(ConfigError, match="use one of cuda, transposed, pages"):
         parse_settings({"scorer_kernel": "lean"})  # removed: not offered
 

@@ -6,7 +6,6 @@ the raw keys/values: Locks scorer -> GQA combine -> select, then softmax over th
 from __future__ import annotations
 
 import json
-import logging
 import math
 from types import SimpleNamespace
 
@@ -223,18 +222,12 @@ def test_triton_adapter_runs_the_decode_sequence_like_the_reference_adapter(devi
 
 
 @pytest.mark.parametrize("device", _triton_devices())
-def test_auto_select_runs_the_merge_path_at_every_width(device, caplog):
-    """select="auto" runs the merge selection on every block-table width (logged once per width); a pinned path stays."""
+def test_auto_select_runs_the_merge_path(device):
+    """select="auto" (the default) launches the merge selection; a pinned path stays."""
     from locks_toolkit.kernels.vllm_backend.kernel_ops import TritonOps
 
-    auto = TritonOps()
-    with caplog.at_level(logging.INFO, logger="locks_toolkit.kernels.vllm_backend.kernel_ops"):
-        assert auto.tuning_for(2080).select_path == "merge"
-        assert auto.tuning_for(65600).select_path == "merge"
-        assert auto.tuning_for(2080).select_path == "merge"  # cached: logged once per width
-    said = [r.getMessage() for r in caplog.records]
-    assert sum("runs the 'merge' selection path" in m for m in said) == 2, said
-    assert all(TritonOps(path).tuning_for(w).select_path == path for path in ("merge", "chunked") for w in (7, 8256))
+    assert TritonOps().tuning.select_path == "merge"
+    assert [TritonOps(path).tuning.select_path for path in ("merge", "chunked")] == ["merge", "chunked"]
 
 
 @pytest.mark.parametrize("device", _triton_devices())
