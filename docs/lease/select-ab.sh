@@ -5,19 +5,27 @@
 #   bash docs/lease/select-ab.sh           (carry harness/build_info.json: `make stamp`)
 # Env: ARMS ("auto@. merge@."): select@tree pairs, a tree being the checkout (.) or an export of another commit
 #      (`git archive C kernels harness suites reports locks_cli | tar -x -C base-C`, its own harness/build_info.json,
-#      carried); CONTEXTS (16k,32k,128k,256k,512k,1m), BATCH (1,4), RUNS (2), PROBE (0), CUDA_CHECKS (0)
+#      carried); CONTEXTS (16k,32k,128k,256k,512k,1m), BATCH (1,4), CELLS (context:batch cells timed after
+#      those, e.g. "16k:32 32k:16"; none), RUNS (2), PROBE (0), CUDA_CHECKS (0)
 set -u
 ARMS=${ARMS:-auto@. merge@.} CONTEXTS=${CONTEXTS:-16k,32k,128k,256k,512k,1m} BATCH=${BATCH:-1,4} RUNS=${RUNS:-2}
+CELLS=${CELLS:-}
 R=$PWD
 K="bash $R/docs/lease/kernels.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 $K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda 2>&1 | tail -n 40 > "$OUT/checks-select.txt"
 tail -n 1 "$OUT/checks-select.txt"
+$K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda --long 2>&1 | tail -n 10 > "$OUT/checks-select-long.txt"
+tail -n 1 "$OUT/checks-select-long.txt"
 for run in $(seq 1 "$RUNS"); do
   for arm in $ARMS; do
     sel=${arm%@*} tree=${arm#*@} tag=$(basename "$(cd "${arm#*@}" && pwd)")-${arm%@*}
     (cd "$tree" && $K python3 -m locks_toolkit.harness.lab.kernel_bench --contexts "$CONTEXTS" --batch "$BATCH" \
       --select "$sel" --out "$OUT/bench-$tag.jsonl" > "$OUT/bench-$tag-$run.md" 2>> "$OUT/bench-err.txt") || echo "bench $tag $run: rc $?"
+    for cell in $CELLS; do
+      (cd "$tree" && $K python3 -m locks_toolkit.harness.lab.kernel_bench --contexts "${cell%:*}" --batch "${cell#*:}" \
+        --select "$sel" --out "$OUT/bench-$tag.jsonl" >> "$OUT/bench-$tag-$run.md" 2>> "$OUT/bench-err.txt") || echo "bench $tag $cell $run: rc $?"
+    done
     echo "bench $tag run $run done at $(date +%T)"
   done
 done

@@ -2,7 +2,7 @@
 against the fp64/fp32 torch references on fresh random inputs (the GPU, or the interpreter with
 TRITON_INTERPRET=1).
 
-    python -m locks_toolkit.harness.lab.kernel_checks [--select chunked,one [--scorer NAME]] [--cuda] [--decode]
+    python -m locks_toolkit.harness.lab.kernel_checks [--select chunked,one [--scorer NAME] [--long]] [--cuda] [--decode]
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ...kernels.checks import available_devices, cuda_battery, decode_battery, full_battery, select_battery
+from ...kernels.checks import LONG_SELECT_CASES, available_devices, cuda_battery, decode_battery, full_battery, select_battery
 from ...kernels.config import SELECT_PATHS
 from ...kernels.score.pages import SCORER_KERNELS
 from ...kernels.testing import fresh_seed
@@ -26,6 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode", action="store_true", help="the decode cases under each of DECODE_TUNINGS")
     parser.add_argument("--scorer", default=_SCORER_DEFAULT, choices=tuple(SCORER_KERNELS),
                         help="with --select: the score kernel's code path (score_select.SCORER_KERNELS)")
+    parser.add_argument("--long", action="store_true",
+                        help="with --select: the long cases (checks.LONG_SELECT_CASES, production launch shapes; GPU only)")
     args = parser.parse_args(argv)
     devices = available_devices()
     if not devices:
@@ -41,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"error: --select: unknown path(s) {unknown}; choose from {', '.join(SELECT_PATHS)}", file=sys.stderr)
             return 2
-        battery = select_battery(devices[0], fresh_seed(), paths, scorer=args.scorer)
+        cases = LONG_SELECT_CASES if args.long else None
+        battery = select_battery(devices[0], fresh_seed(), paths, cases=cases, scorer=args.scorer)
     else:
         battery = full_battery(devices[0], fresh_seed())
     for result in battery:

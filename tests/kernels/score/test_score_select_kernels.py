@@ -161,23 +161,23 @@ def test_chunked_select_matches_reference(device, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case, min_pages, max_block, ways", [
-    (G8_D128_CASE, 4, 4096, 3),  # up to 32 chunks of a few pages: fewer than k - 2 each, every page a candidate
-    (SELECT_CASES[20], 4, 16, 3),  # chunks of 16 pages over 200: more than k - 2 each, the chunk's own search
-    (SELECT_CASES[20], 4, 16, 0),  # the same with binary searches
+@pytest.mark.parametrize("case, min_pages, max_block, in_registers", [
+    (G8_D128_CASE, 4, 4096, 4096),  # up to 32 chunks of a few pages: fewer than k - 2 each, every page a candidate
+    (SELECT_CASES[20], 4, 16, 4096),  # chunks of 16 pages over 200: more than k - 2 each, the chunk's own search
+    (SELECT_CASES[20], 4, 16, 0),  # the same with the keys through the workspace, 16 pages a step
     (MANY_PAGES_CASE, 1, 64, 0),  # 24 chunks of up to 64 keys: several key steps, a crowded candidate tile
 ], ids=lambda v: f"G{v.group}-k{v.page_budget}-n{sum(v.seq_lens)}" if isinstance(v, SelectCase) else str(v))
-def test_merge_select_over_many_chunks_matches_reference(device, case, min_pages, max_block, ways, monkeypatch):
+def test_merge_select_over_many_chunks_matches_reference(device, case, min_pages, max_block, in_registers, monkeypatch):
     """The merge path with the chunk count of a 132-SM GPU: chunks whose lists hold all their pages and
-    chunks that search their own threshold, the last program's tile of every chunk's list; both searches
-    (8 trials a pass, and binary)."""
+    chunks that search their own threshold, the last program's tile of every chunk's list; each chunk's keys
+    in registers, and through the keys workspace in steps."""
     from locks_toolkit.kernels import ops
     from locks_toolkit.kernels.select import merge
 
     monkeypatch.setattr(ops, "num_sms", lambda _: 132)
-    monkeypatch.setattr(merge, "log_ways", lambda lanes, warps: ways)
     monkeypatch.setattr(merge, "MIN_CHUNK_PAGES", min_pages)
     monkeypatch.setattr(merge, "MAX_BLOCK", max_block)
+    monkeypatch.setattr(merge, "KEYS_IN_REGISTERS", in_registers)
     monkeypatch.setattr(merge, "KEYS_SUB_BLOCK", 16)
     q_dtype = torch.bfloat16 if case is MANY_PAGES_CASE else torch.float32
     result = _check(device, case, q_dtype=q_dtype, tuning=ScoreTuning(select_path="merge"))
@@ -220,6 +220,18 @@ def test_merge_plan_covers_every_contested_page_within_its_limits():
     assert merge_plan(4, 65600, 128, num_sms=132, max_chunks=32).chunks == 32  # 1M bs1: one program per SM
     assert merge_plan(4, 2056, 128, num_sms=132, max_chunks=32) == MergePlan(9, 256)  # 32K: 9 chunks of <= 256 pages
     assert merge_plan(1, 65600, 2048, num_sms=132, max_chunks=32) is None  # k = 2048 over 17 chunks: 32 x 2048
+
+
+def test_long_select_cases_run_the_merge_paths_production_shapes():
+    """The GPU's long checks (`kernel_checks --select merge --long`) reach what a 132-SM GPU runs at 512K bs1 and
+    at 16 pairs: a chunk's keys in registers over a 32-chunk tile, and through the workspace at MAX_BLOCK."""
+    from locks_toolkit.kernels.checks import LONG_SELECT_CASES
+    from locks_toolkit.kernels.config import PAGE_SIZE, cdiv
+    from locks_toolkit.kernels.select.merge import KEYS_IN_REGISTERS, MAX_BLOCK, MergePlan, merge_plan
+
+    plans = [merge_plan(len(c.seq_lens) * c.num_kv_heads, cdiv(max(c.seq_lens), PAGE_SIZE), c.page_budget, num_sms=132,
+                        max_chunks=32) for c in LONG_SELECT_CASES]
+    assert plans == [MergePlan(32, KEYS_IN_REGISTERS), MergePlan(9, MAX_BLOCK)], plans
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -277,12 +289,15 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("path", ["merge", "chunked"])
-def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path):
+def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path, monkeypatch):
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
-    kernel's own integer keys, ties to the lower page ids (the reference check tolerates 1e-5)."""
+    kernel's own integer keys, ties to the lower page ids (the reference check tolerates 1e-5). The merge
+    path writes its keys to the workspace only where a chunk's keys do not fit registers: audited there,
+    then the same selection with the keys in registers."""
     from locks_toolkit.harness.lab.score_sweep import selection_problems
     from locks_toolkit.kernels import ops
+    from locks_toolkit.kernels.select import merge
     from locks_toolkit.kernels.build.packing import SummaryLayout, pack_summaries
     from locks_toolkit.kernels.build.reference import build_page_summaries
     from locks_toolkit.kernels.config import PAGE_SIZE, SummaryFormat
@@ -302,12 +317,20 @@ def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(devic
     table = torch.arange(seqs * pages, dtype=torch.int32).reshape(seqs, pages).to(device)
     lens = torch.full((seqs,), seq_len, dtype=torch.int32, device=device)
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
-    selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
-    ops.score_select(q.to(device), rows, table, lens, selected, layout, k, d**-0.5, workspace=ws,
-                     tuning=ScoreTuning(select_path=path))
+
+    def select(keys_in_registers: int) -> torch.Tensor:
+        monkeypatch.setattr(merge, "KEYS_IN_REGISTERS", keys_in_registers)
+        selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
+        ops.score_select(q.to(device), rows, table, lens, selected, layout, k, d**-0.5, workspace=ws,
+                         tuning=ScoreTuning(select_path=path))
+        return selected
+
+    selected = select(0)
     contested = ws.keys[: seqs * hkv, 1 : pages - 1]
     assert bool(((contested == contested.min(dim=1, keepdim=True).values).sum(dim=1) > 100).all())  # the ties at stake
     assert selection_problems(selected, ws.keys, seq_len, k) is None, selected.tolist()
+    if path == "merge":
+        assert torch.equal(select(merge.MAX_BLOCK), selected)
 
 
 @pytest.mark.parametrize("device", DEVICES)
