@@ -136,7 +136,7 @@ def _merge_select_kernel(
 ):
     """Each chunk's top-(k-2), then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent.
     KEYS_IN_REGS: the chunk's keys are computed in registers from one load of its scores; else SUB pages a
-    step, through the keys workspace."""
+    step, stored and read back. Both write every key to the keys workspace."""
     tl.static_assert(BLOCK < 65536 and CH_PAD * KC < 65536)  # _top_ranks packs counts in 16 bits
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
@@ -154,6 +154,7 @@ def _merge_select_kernel(
             sc = tl.load(scores_ptr + (row + page)[:, None] * GS + g[None, :], mask=in_chunk[:, None] & (g < G)[None, :],
                          other=float("-inf"))
             key = tl.where(in_chunk, _page_keys(sc, in_chunk, has_mass, log_norm, offset, RULE, STEPS), -1)
+            tl.store(keys_ptr + row + page, key, mask=in_chunk)  # for audits (score_sweep); nothing here reads it
         else:
             _chunk_keys(scores_ptr, keys_ptr, keys_ptr, has_mass, log_norm, offset, pair, chunk, num_pages,
                         max_pages, num_chunks, G, GS, RULE, SUB, 1, 0, STEPS, 1, HISTOGRAM=False)

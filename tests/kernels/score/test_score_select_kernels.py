@@ -289,15 +289,12 @@ def test_both_select_paths_leave_the_workspace_for_each_other(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("path", ["merge", "chunked"])
-def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path, monkeypatch):
+def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(device, path):
     """Every page identical except a few hot ones: the threshold key is shared by hundreds of pages, so
     the selection is decided by tie handling alone. Audited exactly against the top-(k-2) of the
-    kernel's own integer keys, ties to the lower page ids (the reference check tolerates 1e-5). The merge
-    path writes its keys to the workspace only where a chunk's keys do not fit registers: audited there,
-    then the same selection with the keys in registers."""
+    kernel's own integer keys, ties to the lower page ids (the reference check tolerates 1e-5)."""
     from locks_toolkit.harness.lab.score_sweep import selection_problems
     from locks_toolkit.kernels import ops
-    from locks_toolkit.kernels.select import merge
     from locks_toolkit.kernels.build.packing import SummaryLayout, pack_summaries
     from locks_toolkit.kernels.build.reference import build_page_summaries
     from locks_toolkit.kernels.config import PAGE_SIZE, SummaryFormat
@@ -317,20 +314,12 @@ def test_selection_equals_exact_top_k_of_the_kernels_keys_under_heavy_ties(devic
     table = torch.arange(seqs * pages, dtype=torch.int32).reshape(seqs, pages).to(device)
     lens = torch.full((seqs,), seq_len, dtype=torch.int32, device=device)
     ws = ops.score_select_workspace(seqs, hkv, pages, device, group_size=group)
-
-    def select(keys_in_registers: int) -> torch.Tensor:
-        monkeypatch.setattr(merge, "KEYS_IN_REGISTERS", keys_in_registers)
-        selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
-        ops.score_select(q.to(device), rows, table, lens, selected, layout, k, d**-0.5, workspace=ws,
-                         tuning=ScoreTuning(select_path=path))
-        return selected
-
-    selected = select(0)
+    selected = torch.full((seqs, hkv, k), -7, dtype=torch.int32, device=device)
+    ops.score_select(q.to(device), rows, table, lens, selected, layout, k, d**-0.5, workspace=ws,
+                     tuning=ScoreTuning(select_path=path))
     contested = ws.keys[: seqs * hkv, 1 : pages - 1]
     assert bool(((contested == contested.min(dim=1, keepdim=True).values).sum(dim=1) > 100).all())  # the ties at stake
     assert selection_problems(selected, ws.keys, seq_len, k) is None, selected.tolist()
-    if path == "merge":
-        assert torch.equal(select(merge.MAX_BLOCK), selected)
 
 
 @pytest.mark.parametrize("device", DEVICES)
