@@ -6,17 +6,23 @@
 # Env: ARMS ("auto@. merge@."): select@tree pairs, a tree being the checkout (.) or an export of another commit
 #      (`git archive C kernels harness suites reports locks_cli | tar -x -C base-C`, its own harness/build_info.json,
 #      carried); CONTEXTS (16k,32k,128k,256k,512k,1m), BATCH (1,4), CELLS (context:batch cells timed after
-#      those, e.g. "16k:32 32k:16"; none), RUNS (2), PROBE (0), CUDA_CHECKS (0)
+#      those, e.g. "16k:32 32k:16"; none), RUNS (2), PROBE (0), CUDA_CHECKS (0), CHECKS (first; "after": only the
+#      long selection checks, after the timings, for a call short of device time)
 set -u
 ARMS=${ARMS:-auto@. merge@.} CONTEXTS=${CONTEXTS:-16k,32k,128k,256k,512k,1m} BATCH=${BATCH:-1,4} RUNS=${RUNS:-2}
-CELLS=${CELLS:-}
+CELLS=${CELLS:-} CHECKS=${CHECKS:-first}
 R=$PWD
 K="bash $R/docs/lease/kernels.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-$K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda 2>&1 | tail -n 40 > "$OUT/checks-select.txt"
-tail -n 1 "$OUT/checks-select.txt"
-$K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda --long 2>&1 | tail -n 10 > "$OUT/checks-select-long.txt"
-tail -n 1 "$OUT/checks-select-long.txt"
+long_checks() {
+  $K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda --long 2>&1 | tail -n 10 > "$OUT/checks-select-long.txt"
+  tail -n 1 "$OUT/checks-select-long.txt"
+}
+if [ "$CHECKS" != after ]; then
+  $K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda 2>&1 | tail -n 40 > "$OUT/checks-select.txt"
+  tail -n 1 "$OUT/checks-select.txt"
+  long_checks
+fi
 for run in $(seq 1 "$RUNS"); do
   for arm in $ARMS; do
     sel=${arm%@*} tree=${arm#*@} tag=$(basename "$(cd "${arm#*@}" && pwd)")-${arm%@*}
@@ -29,6 +35,7 @@ for run in $(seq 1 "$RUNS"); do
     echo "bench $tag run $run done at $(date +%T)"
   done
 done
+[ "$CHECKS" = after ] && long_checks
 if [ "${PROBE:-0}" = 1 ]; then
   for flags in "" "--no-upload" "--foreign"; do
     $K python3 -m locks_toolkit.harness.lab.graph_toggle_probe --layers 40 $flags --out "$OUT/toggle.jsonl" 2>&1 | tail -n 14
