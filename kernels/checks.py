@@ -344,9 +344,9 @@ SELECT_CASES = [
 MANY_PAGES_CASE = SelectCase((16 * 1500 + 7,), group=4, head_dim=64, fmt="r2i4", page_budget=64, num_kv_heads=1)
 # The merge selection's production shapes on a 132-SM GPU, too large for the interpreter (GPU only, `--long`):
 LONG_SELECT_CASES = [
-    # 512K bs1 of GLM-4-9B: 32 chunks of 1024 pages with their keys in registers, a 32 x 128 candidate tile
+    # 512K bs1 of GLM-4-9B: 32 chunks of 1024 pages, a 32 x 128 candidate tile
     SelectCase((16 * 32768 - 3,), group=8, head_dim=128, page_budget=128, num_kv_heads=4),
-    # 16 pairs: 9 chunks of up to 4096 pages whose keys go through the workspace, a 16 x 128 tile
+    # 16 pairs: 9 chunks of up to 4096 pages (MAX_BLOCK), a 16 x 128 tile
     SelectCase((16 * 20000 + 5,), group=2, head_dim=32, page_budget=128, num_kv_heads=16),
 ]
 DECODE_CASES = [

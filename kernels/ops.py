@@ -296,9 +296,10 @@ def _launch_merge_select(ws, seq_lens, selected_pages, group, score_chunks, comb
         num_kv_heads, ws.max_pages, plan.chunks, page_budget, score_chunks,
         G=group, GS=ws.group_slots, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=_sel.COMBINE_CODES[combine],
         STEPS=_sel.KEY_STEPS_PER_UNIT, SCP=next_pow2(score_chunks), SUB=min(_merge.KEYS_SUB_BLOCK, plan.block),
-        KEYS_IN_REGS=plan.block <= _merge.KEYS_IN_REGISTERS,
         BLOCK=plan.block, CH_PAD=next_pow2(plan.chunks), KC=list_slots, K_PAD=next_pow2(page_budget),
-        KEY_BITS=_merge.KEY_BITS, PDL=tuning.pdl, launch_pdl=tuning.pdl, num_warps=_merge.MERGE_WARPS,
+        KEY_BITS=_merge.KEY_BITS, CHUNK_WAYS=_merge.log_ways(plan.block, _merge.MERGE_WARPS),
+        TILE_WAYS=_merge.log_ways(next_pow2(plan.chunks) * list_slots, _merge.MERGE_WARPS),
+        PDL=tuning.pdl, launch_pdl=tuning.pdl, num_warps=_merge.MERGE_WARPS,
     )
     return True
 

@@ -97,7 +97,7 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
                                               "keys_ptr": "*i32", "counts_ptr": "*i32", "cand_key_ptr": "*i32", "cand_page_ptr": "*i32",
                                               "seq_lens_ptr": "*i32", "out_ptr": "*i32"},
          dict(G=group, GS=gs, MAXC=_ss.MAX_CHUNKS, B=PAGE_SIZE, RULE=0, STEPS=_topk.KEY_STEPS_PER_UNIT,
-              SCP=_ss.DEFAULT_TUNING.max_chunks, SUB=_merge_select.KEYS_SUB_BLOCK, BLOCK=_merge_select.MAX_BLOCK, KEYS_IN_REGS=False,
+              SCP=_ss.DEFAULT_TUNING.max_chunks, SUB=_merge_select.KEYS_SUB_BLOCK, BLOCK=_merge_select.MAX_BLOCK,
               CH_PAD=next_pow2(_ss.DEFAULT_TUNING.select_chunks), KC=next_pow2(page_budget - 2),
               K_PAD=next_pow2(page_budget), KEY_BITS=_merge_select.KEY_BITS), _merge_select.MERGE_WARPS),
         (_decode._sparse_decode_kernel, {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "block_table_ptr": "*i32",
@@ -120,9 +120,9 @@ def _variants(**geometry) -> list[tuple[str, tuple]]:
     with_pdl = [(f"{name}[pdl]", (spec[0], spec[1], {**spec[2], "PDL": True}, spec[3])) for name, spec in named
                 if name in ("_score_kernel", "_keys_kernel", "_sparse_decode_kernel")]
     merge = next(spec for spec in specs if spec[0] is _merge_select._merge_select_kernel)
-    # The merge path on a short table (16K bs1: chunks of <= 256 pages, keys in registers): its chunk and its tile
+    # The merge path on a short table (16K bs1: chunks of <= 256 pages, 8-trial searches): its chunk and its tile
     # differ in shape, which the compiler must accept (the 1M spec above has both at 4096 lanes).
-    short = (merge[0], merge[1], {**merge[2], "BLOCK": 256, "SUB": 256, "CH_PAD": 8, "KEYS_IN_REGS": True}, merge[3])
+    short = (merge[0], merge[1], {**merge[2], "BLOCK": 256, "SUB": 256, "CH_PAD": 8, "CHUNK_WAYS": 3, "TILE_WAYS": 3}, merge[3])
     return named + with_pdl + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps)),
                                ("_score_kernel[fma]", (fn, pointers, {**constexprs, "COEF_MMA": False}, warps)),
                                ("_merge_select_kernel[short]", short)]

@@ -138,10 +138,9 @@ def _keys_kernel(
     ranges (and every later kernel's) are `num_chunks` selection chunks, which may be fewer."""
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
-    has_mass, log_norm, offset = _group_normalizer(chunk_max_ptr, chunk_sum_ptr, pair, num_score_chunks, G, GS, MAXC, RULE, SCP)
     if num_pages > K:
-        _chunk_keys(scores_ptr, keys_ptr, hist_ptr, has_mass, log_norm, offset, pair, chunk, num_pages, max_pages,
-                    num_chunks, G, GS, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW)
+        _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
+                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, BLOCK, NBINS, LOW_BITS, STEPS, WINDOW, SCP)
         count_row = _count_row(counts_ptr, pair, MAXC)
         if _last_to_arrive(_arrivals(count_row, MAXC), num_chunks):
             hist_row = hist_ptr + pair * (NBINS + _COARSE)
@@ -240,13 +239,15 @@ def _page_keys(sc, pm, has_mass, log_norm, offset, RULE: tl.constexpr, STEPS: tl
 
 @triton.jit
 def _chunk_keys(
-    scores_ptr, keys_ptr, hist_ptr, has_mass, log_norm, offset, pair, chunk, num_pages, max_pages, num_chunks,
-    G: tl.constexpr, GS: tl.constexpr, RULE: tl.constexpr,
+    scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
+    max_pages, num_chunks, num_score_chunks,
+    G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
-    HISTOGRAM: tl.constexpr = True,
+    SCP: tl.constexpr, HISTOGRAM: tl.constexpr = True,
 ):
-    """Keys of the contested pages of one selection chunk of one pair (`_group_normalizer`'s normalizers), and
-    (HISTOGRAM) their counts in the pair's histogram row."""
+    """Keys of the contested pages of one selection chunk of one pair, and (HISTOGRAM) their counts in the
+    pair's histogram row."""
+    has_mass, log_norm, offset = _group_normalizer(chunk_max_ptr, chunk_sum_ptr, pair, num_score_chunks, G, GS, MAXC, RULE, SCP)
     g = tl.arange(0, GS)
     gm = g < G
     first, last = _chunk_range(num_pages, chunk, num_chunks)

@@ -30,12 +30,10 @@ import triton
 import triton.language as tl
 
 from ..triton_common import cdiv, enter_dependent, next_pow2
-from .chunked import (_arrivals, _chunk_keys, _chunk_range, _count_row, _dense_row, _group_normalizer, _last_to_arrive,
-                      _page_keys, _pick_bin, _program_pages)
+from .chunked import _arrivals, _chunk_keys, _chunk_range, _count_row, _dense_row, _last_to_arrive, _program_pages
 
 MERGE_WARPS = 8
-KEYS_IN_REGISTERS = 1024  # chunks of at most this many pages compute their keys in registers (scores [1024, GS])
-KEYS_SUB_BLOCK = 512  # pages per step of the key loop of larger chunks (scores [512, GS] a step, as chunked.py)
+KEYS_SUB_BLOCK = 512  # pages per step of the key loop (scores [512, GS] a step, as chunked.py)
 MAX_BLOCK = 4096  # contested pages of one chunk at most: held in registers (16 keys a thread at 8 warps)
 MAX_CANDIDATES = 8192  # the last program's tile, next_pow2(chunks) x next_pow2(k - 2)
 MIN_CHUNK_PAGES = 256  # below this many pages a chunk, fewer chunks: the last program's tile shrinks with them
@@ -74,55 +72,68 @@ def _span(lo, hi, KEY_BITS: tl.constexpr):
     return hi - (hi & ((1 << bits) - 1)), bits
 
 
-
-
 @triton.jit
-def _count_min_max(n0, lo0, hi0, n1, lo1, hi1):
-    return n0 + n1, tl.minimum(lo0, lo1), tl.maximum(hi0, hi1)
-
-
-@triton.jit
-def _search_top(key, need, prefix, bits):
-    """(v, #(key > v)) for the largest v in [prefix, prefix + 2^bits) with #(key >= v) >= need, given one exists
-    and no key reaches prefix + 2^bits (lanes without a page hold -1). Each pass resolves 5 bits: one histogram
-    of the keys' next digit (keys above the pass's range counted in its top bin) gives the count at or above
-    every one of its 32 trial values. A block-wide count is a chain of barriers and shuffles (~300 cycles at
-    8 warps) and the histogram a few ballots a key, so 5 passes where a binary search takes 23."""
+def _search_low(prefix, bits, need, key):
+    """Largest v with #(key >= v) >= need (lanes without a page hold -1), given v in [prefix, prefix +
+    2^bits): one reduction per bit of the span, none when every key is one value."""
     low = prefix
-    above = 0  # #(key >= low + 2^bits): none at the start
-    for _ in range(tl.cdiv(bits, 5)):
-        step = tl.minimum(bits, 5)
-        bits -= step
-        top = (1 << step) - 1
-        digit = tl.minimum((key - low) >> bits, top)  # < 0 below low
-        counted = digit >= 0
-        hist = tl.histogram(tl.where(counted, digit, 0), 32, mask=counted)
-        pick, rest = _pick_bin(hist, need, 32)  # digit 0, low itself, always has `need`
-        above = tl.where(pick == top, above, need - rest)  # keys past the range sit in the top bin
-        low += pick << bits
-    return low, above
+    for i in range(bits):
+        test = low | (1 << (bits - 1 - i))
+        n = tl.sum((key >= test).to(tl.int32), axis=0)
+        if n >= need:
+            low = test
+    return low
 
 
 @triton.jit
-def _top_ranks(key, need, KEY_BITS: tl.constexpr):
+def _search_top(key, need, prefix, bits, LOG_WAYS: tl.constexpr):
+    """Largest v in [prefix, prefix + 2^bits) with #(key >= v) >= need (given one exists), LOG_WAYS bits a
+    pass: one reduction counts the keys at or above each of the pass's 2^LOG_WAYS trial values. A block-wide
+    count is a chain of barriers and shuffles (~300 cycles at 8 warps), so fewer, wider passes win until
+    the compares outweigh it (`log_ways`)."""
+    trial_digit = tl.arange(0, 1 << LOG_WAYS)
+    low = prefix
+    for _ in range(tl.cdiv(bits, LOG_WAYS)):
+        step = tl.minimum(bits, LOG_WAYS)
+        bits -= step
+        trial = low + (trial_digit << bits)  # digit 0 is low itself, which always has `need`
+        counts = tl.sum((key[:, None] >= trial[None, :]).to(tl.int32), axis=0)
+        fits = (trial_digit < (1 << step)) & (counts >= need)
+        low += tl.max(tl.where(fits, trial_digit, 0), axis=0) << bits
+    return low
+
+
+def log_ways(lanes: int, warps: int) -> int:
+    """Bits a pass of the threshold search over `lanes` keys: 3 (8 trials a pass) where a thread holds at most
+    4 keys; else 0, the binary search (`_search_low`). Trials cost registers for the whole kernel: 4 trials
+    on 4096 lanes took it from 109 to 172 and the 1M bs4 selection from 30 to 48 µs on the H100 (two programs
+    per SM became one), while 8 trials on small tiles took 1 µs off at 16K-32K bs1."""
+    return 3 if lanes <= 4 * 32 * warps else 0
+
+
+@triton.jit
+def _top_ranks(key, need, KEY_BITS: tl.constexpr, LOG_WAYS: tl.constexpr):
     """Which lanes of key (>= 0; -1: no page) are among the `need` largest by (key descending, lane
-    ascending), each taken lane's rank among them in lane order (0-based), and how many are taken. All valid
-    lanes where there are at most `need`."""
-    valid = key >= 0
-    n_valid, lo, hi = tl.reduce((valid.to(tl.int32), tl.where(valid, key, (1 << KEY_BITS) - 1), key), 0, _count_min_max)
+    ascending), and each taken lane's rank among them in lane order (0-based). All valid lanes where there
+    are at most `need`."""
+    n_valid = tl.sum((key >= 0).to(tl.int32), axis=0)
     threshold = 0  # at most `need` pages: every valid key is >= 0, so all are taken below
-    ties_wanted = need
     if n_valid > need:
+        lo = tl.min(tl.where(key >= 0, key, (1 << KEY_BITS) - 1), axis=0)
+        hi = tl.max(key, axis=0)
         prefix, bits = _span(lo, hi, KEY_BITS)
-        threshold, n_above = _search_top(key, need, prefix, bits)
-        ties_wanted = need - n_above
+        if LOG_WAYS == 0:
+            threshold = _search_low(prefix, bits, need, key)
+        else:
+            threshold = _search_top(key, need, prefix, bits, LOG_WAYS)
     gt = key > threshold
     tie = key == threshold
+    ties_wanted = need - tl.sum(gt.to(tl.int32), axis=0)
     # Both running counts in one scan, packed in 16-bit halves (lanes < 2^16).
     packed = tl.cumsum(gt.to(tl.int32) + (tie.to(tl.int32) << 16), axis=0)
     tie_upto = packed >> 16
     take = gt | (tie & (tie_upto <= ties_wanted))
-    return take, (packed & 0xFFFF) + tl.minimum(tie_upto, ties_wanted) - 1, tl.minimum(n_valid, need)
+    return take, (packed & 0xFFFF) + tl.minimum(tie_upto, ties_wanted) - 1
 
 
 @triton.jit
@@ -132,52 +143,41 @@ def _merge_select_kernel(
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     STEPS: tl.constexpr, SCP: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr,
     CH_PAD: tl.constexpr, KC: tl.constexpr, K_PAD: tl.constexpr, KEY_BITS: tl.constexpr,
-    KEYS_IN_REGS: tl.constexpr = True, PDL: tl.constexpr = False,
+    CHUNK_WAYS: tl.constexpr = 0, TILE_WAYS: tl.constexpr = 0, PDL: tl.constexpr = False,
 ):
-    """Each chunk's top-(k-2), then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent.
-    KEYS_IN_REGS: the chunk's keys are computed in registers from one load of its scores; else SUB pages a
-    step, stored and read back. Both write every key to the keys workspace."""
-    tl.static_assert(BLOCK < 65536 and CH_PAD * KC < 65536)  # _top_ranks packs counts in 16 bits
+    """Each chunk's top-(k-2), then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
+    tl.static_assert(BLOCK < 65536 and CH_PAD * KC < 65536)  # _top_ranks packs two counts in 16 bits each
     enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
-    # Before the branch on the sequence's length, so that these loads go out with its own.
-    has_mass, log_norm, offset = _group_normalizer(chunk_max_ptr, chunk_sum_ptr, pair, num_score_chunks, G, GS, MAXC, RULE, SCP)
     out_row = out_ptr + pair.to(tl.int64) * K
     if num_pages > K:
         need = K - 2
+        key_row = keys_ptr + pair.to(tl.int64) * max_pages
+        cand_key_row = cand_key_ptr + pair.to(tl.int64) * max_pages
+        cand_page_row = cand_page_ptr + pair.to(tl.int64) * max_pages
+        _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, keys_ptr, pair, chunk, num_pages,
+                    max_pages, num_chunks, num_score_chunks, G, GS, MAXC, RULE, SUB, 1, 0, STEPS, 1, SCP,
+                    HISTOGRAM=False)
+        tl.debug_barrier()  # each thread reads back keys other threads of this program stored
         first, last = _chunk_range(num_pages, chunk, num_chunks)
         page = first + tl.arange(0, BLOCK)
-        in_chunk = page < last
-        row = pair.to(tl.int64) * max_pages
-        if KEYS_IN_REGS:
-            g = tl.arange(0, GS)
-            sc = tl.load(scores_ptr + (row + page)[:, None] * GS + g[None, :], mask=in_chunk[:, None] & (g < G)[None, :],
-                         other=float("-inf"))
-            key = tl.where(in_chunk, _page_keys(sc, in_chunk, has_mass, log_norm, offset, RULE, STEPS), -1)
-            tl.store(keys_ptr + row + page, key, mask=in_chunk)  # for audits (score_sweep); nothing here reads it
-        else:
-            _chunk_keys(scores_ptr, keys_ptr, keys_ptr, has_mass, log_norm, offset, pair, chunk, num_pages,
-                        max_pages, num_chunks, G, GS, RULE, SUB, 1, 0, STEPS, 1, HISTOGRAM=False)
-            tl.debug_barrier()  # each thread reads back keys other threads of this program stored
-            key = tl.load(keys_ptr + row + page, mask=in_chunk, other=-1)
-        take, rank, listed = _top_ranks(key, need, KEY_BITS)
-        tl.store(cand_key_ptr + row + first + rank, key, mask=take)  # rank <= lane: inside the chunk's range
-        tl.store(cand_page_ptr + row + first + rank, page, mask=take)
+        key = tl.load(key_row + page, mask=page < last, other=-1)
+        take, rank = _top_ranks(key, need, KEY_BITS, CHUNK_WAYS)
+        tl.store(cand_key_row + first + rank, key, mask=take)  # rank <= lane: inside the chunk's range
+        tl.store(cand_page_row + first + rank, page, mask=take)
         count_row = _count_row(counts_ptr, pair, MAXC)
-        tl.store(count_row + chunk, listed)
+        tl.store(count_row + chunk, tl.sum(take.to(tl.int32), axis=0))
         if _last_to_arrive(_arrivals(count_row, MAXC), num_chunks):
             i = tl.arange(0, CH_PAD * KC)
             c = i // KC
             slot = i % KC
+            listed = tl.load(count_row + c, mask=c < num_chunks, other=0, cache_modifier=".cg")
             at = _chunk_range(num_pages, c, num_chunks)[0] + slot
-            # The lists and their lengths in one round trip: slots past a list's length are masked after.
-            inside = (c < num_chunks) & (at < max_pages)
-            lengths = tl.load(count_row + c, mask=c < num_chunks, other=0, cache_modifier=".cg")
-            cand_key = tl.load(cand_key_ptr + row + at, mask=inside, other=-1, cache_modifier=".cg")
-            cand_page = tl.load(cand_page_ptr + row + at, mask=inside, other=0, cache_modifier=".cg")
-            cand_key = tl.where(slot < lengths, cand_key, -1)
+            valid = slot < listed
+            cand_key = tl.load(cand_key_row + at, mask=valid, other=-1, cache_modifier=".cg")
+            cand_page = tl.load(cand_page_row + at, mask=valid, other=0, cache_modifier=".cg")
             # Chunk-major lanes are in page order, so ranks in lane order write the pages ascending.
-            picked, out_rank, _ = _top_ranks(cand_key, need, KEY_BITS)  # names of their own: another shape than the chunk's
+            picked, out_rank = _top_ranks(cand_key, need, KEY_BITS, TILE_WAYS)  # names of their own: another shape than the chunk's
             tl.store(out_row + 1 + out_rank, cand_page, mask=picked)
             tl.store(out_row, 0)
             tl.store(out_row + K - 1, num_pages - 1)  # the recent page

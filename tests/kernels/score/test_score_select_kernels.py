@@ -161,23 +161,23 @@ def test_chunked_select_matches_reference(device, case):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("case, min_pages, max_block, in_registers", [
-    (G8_D128_CASE, 4, 4096, 4096),  # up to 32 chunks of a few pages: fewer than k - 2 each, every page a candidate
-    (SELECT_CASES[20], 4, 16, 4096),  # chunks of 16 pages over 200: more than k - 2 each, the chunk's own search
-    (SELECT_CASES[20], 4, 16, 0),  # the same with the keys through the workspace, 16 pages a step
+@pytest.mark.parametrize("case, min_pages, max_block, ways", [
+    (G8_D128_CASE, 4, 4096, 3),  # up to 32 chunks of a few pages: fewer than k - 2 each, every page a candidate
+    (SELECT_CASES[20], 4, 16, 3),  # chunks of 16 pages over 200: more than k - 2 each, the chunk's own search
+    (SELECT_CASES[20], 4, 16, 0),  # the same with binary searches
     (MANY_PAGES_CASE, 1, 64, 0),  # 24 chunks of up to 64 keys: several key steps, a crowded candidate tile
 ], ids=lambda v: f"G{v.group}-k{v.page_budget}-n{sum(v.seq_lens)}" if isinstance(v, SelectCase) else str(v))
-def test_merge_select_over_many_chunks_matches_reference(device, case, min_pages, max_block, in_registers, monkeypatch):
+def test_merge_select_over_many_chunks_matches_reference(device, case, min_pages, max_block, ways, monkeypatch):
     """The merge path with the chunk count of a 132-SM GPU: chunks whose lists hold all their pages and
-    chunks that search their own threshold, the last program's tile of every chunk's list; each chunk's keys
-    in registers, and through the keys workspace in steps."""
+    chunks that search their own threshold, the last program's tile of every chunk's list; both searches
+    (8 trials a pass, and binary)."""
     from locks_toolkit.kernels import ops
     from locks_toolkit.kernels.select import merge
 
     monkeypatch.setattr(ops, "num_sms", lambda _: 132)
+    monkeypatch.setattr(merge, "log_ways", lambda lanes, warps: ways)
     monkeypatch.setattr(merge, "MIN_CHUNK_PAGES", min_pages)
     monkeypatch.setattr(merge, "MAX_BLOCK", max_block)
-    monkeypatch.setattr(merge, "KEYS_IN_REGISTERS", in_registers)
     monkeypatch.setattr(merge, "KEYS_SUB_BLOCK", 16)
     q_dtype = torch.bfloat16 if case is MANY_PAGES_CASE else torch.float32
     result = _check(device, case, q_dtype=q_dtype, tuning=ScoreTuning(select_path="merge"))
@@ -224,14 +224,14 @@ def test_merge_plan_covers_every_contested_page_within_its_limits():
 
 def test_long_select_cases_run_the_merge_paths_production_shapes():
     """The GPU's long checks (`kernel_checks --select merge --long`) reach what a 132-SM GPU runs at 512K bs1 and
-    at 16 pairs: a chunk's keys in registers over a 32-chunk tile, and through the workspace at MAX_BLOCK."""
+    at 16 pairs: 32 chunks of 1024 pages, and chunks of MAX_BLOCK pages."""
     from locks_toolkit.kernels.checks import LONG_SELECT_CASES
     from locks_toolkit.kernels.config import PAGE_SIZE, cdiv
-    from locks_toolkit.kernels.select.merge import KEYS_IN_REGISTERS, MAX_BLOCK, MergePlan, merge_plan
+    from locks_toolkit.kernels.select.merge import MAX_BLOCK, MergePlan, merge_plan
 
     plans = [merge_plan(len(c.seq_lens) * c.num_kv_heads, cdiv(max(c.seq_lens), PAGE_SIZE), c.page_budget, num_sms=132,
                         max_chunks=32) for c in LONG_SELECT_CASES]
-    assert plans == [MergePlan(32, KEYS_IN_REGISTERS), MergePlan(9, MAX_BLOCK)], plans
+    assert plans == [MergePlan(32, 1024), MergePlan(9, MAX_BLOCK)], plans
 
 
 @pytest.mark.parametrize("device", DEVICES)
