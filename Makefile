@@ -3,7 +3,7 @@
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: stamp venv demo test wheel
+.PHONY: stamp venv demo test wheel tree
 venv:
 	bash .ci/install-venv.sh $(VENV)
 
@@ -27,3 +27,12 @@ wheel: venv stamp
 # the device copy's .git may be older than its files). Delete it afterwards: it wins over git.
 stamp:
 	$(VENV)/bin/python -c "import json, subprocess as s; c = s.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip(); d = bool(s.run(['git', 'status', '--porcelain', '--untracked-files=no'], capture_output=True, text=True).stdout.strip()); json.dump({'commit': c, 'dirty': d}, open('harness/build_info.json', 'w'))"
+
+# Another commit's package folders with their own stamp, for a kernel A/B call that carries them beside the
+# checkout (docs/lease/select-ab.sh): `make tree REF=select-histogram DEST=.gpu/new`.
+REF ?= HEAD
+DEST ?= .gpu/tree
+tree:
+	rm -rf $(DEST) && mkdir -p $(DEST)
+	git archive $(REF) kernels harness suites reports locks_cli | tar -x -C $(DEST)
+	$(VENV)/bin/python -c "import json, subprocess as s; c = s.run(['git', 'rev-parse', '$(REF)'], capture_output=True, text=True, check=True).stdout.strip(); json.dump({'commit': c, 'dirty': False}, open('$(DEST)/harness/build_info.json', 'w'))"

@@ -7,19 +7,22 @@
 #      (`git archive C kernels harness suites reports locks_cli | tar -x -C base-C`, its own harness/build_info.json,
 #      carried); CONTEXTS (16k,32k,128k,256k,512k,1m), BATCH (1,4), CELLS (context:batch cells timed after
 #      those, e.g. "16k:32 32k:16"; none), RUNS (2), PROBE (0), CUDA_CHECKS (0), CHECKS (first; "after": only the
-#      long selection checks, after the timings, for a call short of device time)
+#      long selection checks, after the timings, for a call short of device time), CHECK_TREE (.: the tree whose
+#      kernels the checks run, e.g. the candidate's export from `make tree`)
 set -u
 ARMS=${ARMS:-auto@. merge@.} CONTEXTS=${CONTEXTS:-16k,32k,128k,256k,512k,1m} BATCH=${BATCH:-1,4} RUNS=${RUNS:-2}
-CELLS=${CELLS:-} CHECKS=${CHECKS:-first}
+CELLS=${CELLS:-} CHECKS=${CHECKS:-first} CHECK_TREE=${CHECK_TREE:-.}
 R=$PWD
 K="bash $R/docs/lease/kernels.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 long_checks() {
-  $K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda --long 2>&1 | tail -n 10 > "$OUT/checks-select-long.txt"
+  (cd "$CHECK_TREE" && $K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda --long) 2>&1 \
+    | tail -n 10 > "$OUT/checks-select-long.txt"
   tail -n 1 "$OUT/checks-select-long.txt"
 }
 if [ "$CHECKS" != after ]; then
-  $K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda 2>&1 | tail -n 40 > "$OUT/checks-select.txt"
+  (cd "$CHECK_TREE" && $K python3 -m locks_toolkit.harness.lab.kernel_checks --select merge --scorer cuda) 2>&1 \
+    | tail -n 40 > "$OUT/checks-select.txt"
   tail -n 1 "$OUT/checks-select.txt"
   long_checks
 fi
