@@ -25,8 +25,10 @@ wheel: venv stamp
 
 # The same stamp alone, for GPU runs that import the checkout itself (carry harness/build_info.json;
 # the device copy's .git may be older than its files). Delete it afterwards: it wins over git.
+# STAMP REF FILE dirty|clean: the commit REF names into FILE, with (dirty) whether the tracked files differ from it.
+STAMP = $(VENV)/bin/python -c "import json, subprocess as s, sys; ref, path, mode = sys.argv[1:]; c = s.run(['git', 'rev-parse', ref], capture_output=True, text=True).stdout.strip(); d = mode == 'dirty' and bool(s.run(['git', 'status', '--porcelain', '--untracked-files=no'], capture_output=True, text=True).stdout.strip()); json.dump({'commit': c, 'dirty': d}, open(path, 'w'))"
 stamp:
-	$(VENV)/bin/python -c "import json, subprocess as s; c = s.run(['git', 'rev-parse', 'HEAD'], capture_output=True, text=True).stdout.strip(); d = bool(s.run(['git', 'status', '--porcelain', '--untracked-files=no'], capture_output=True, text=True).stdout.strip()); json.dump({'commit': c, 'dirty': d}, open('harness/build_info.json', 'w'))"
+	$(STAMP) HEAD harness/build_info.json dirty
 
 # Another commit's package folders with their own stamp, for a kernel A/B call that carries them beside the
 # checkout (docs/lease/select-ab.sh): `make tree REF=select-histogram DEST=.gpu/new`.
@@ -35,4 +37,4 @@ DEST ?= .gpu/tree
 tree:
 	rm -rf $(DEST) && mkdir -p $(DEST)
 	git archive $(REF) kernels harness suites reports locks_cli | tar -x -C $(DEST)
-	$(VENV)/bin/python -c "import json, subprocess as s; c = s.run(['git', 'rev-parse', '$(REF)'], capture_output=True, text=True, check=True).stdout.strip(); json.dump({'commit': c, 'dirty': False}, open('$(DEST)/harness/build_info.json', 'w'))"
+	$(STAMP) $(REF) $(DEST)/harness/build_info.json clean

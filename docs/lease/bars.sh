@@ -5,9 +5,7 @@
 # Stores append cell by cell under /tmp/runs; poll with pollloop.sh.
 #   mkdir -p /tmp/runs && setsid nohup bash docs/lease/bars.sh > /tmp/runs/chain-bars.log 2>&1 &
 set -u
-B="python3 -m locks_toolkit.locks_cli.main bench decode --budget 2048 --async-scheduling --single-prefill-from 128k --batch-prefill once"
-mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
-if (( mib > 100000 )); then f=2; else f=1; fi
+source "$(dirname "$0")/chain-env.sh"
 echo "GPU memory ${mib} MiB: frontier batches x $f"
 $B --arms flashinfer,locks --contexts 512k --batch 1 --out /tmp/runs/pairs-512k.jsonl
 $B --arms flashinfer,locks --contexts 32k --batch $((16 * f)) --out /tmp/runs/frontier-32k.jsonl

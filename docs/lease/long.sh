@@ -6,10 +6,7 @@
 # Stores append cell by cell under /tmp/runs; poll with pollloop.sh.
 #   mkdir -p /tmp/runs && setsid nohup bash docs/lease/long.sh > /tmp/runs/chain-long.log 2>&1 &
 set -u
-L="python3 -m locks_toolkit.locks_cli.main bench"
-B="$L decode --budget 2048 --async-scheduling --single-prefill-from 128k --batch-prefill once"
-mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
-if (( mib > 100000 )); then f=2; else f=1; fi  # the frontier batches' factor: 2 where the pool holds ~1M tokens
+source "$(dirname "$0")/chain-env.sh"
 echo "GPU memory ${mib} MiB: frontier 128k x $((4 * f)), 64k x $((8 * f)), 256k x $((2 * f))"
 $B --arms flashinfer,locks --contexts 512k --batch 1 --out /tmp/runs/pairs-512k.jsonl
 $B --arms flashinfer,fa3,locks --contexts 256k --batch 1 --out /tmp/runs/pairs-256k.jsonl

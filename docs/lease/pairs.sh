@@ -4,7 +4,7 @@
 # appended cell by cell under /tmp/runs; poll with pollloop.sh.
 #   setsid nohup bash docs/lease/pairs.sh > /tmp/runs/chain-pairs.log 2>&1 &
 set -u
-B="python3 -m locks_toolkit.locks_cli.main bench decode --budget 2048 --async-scheduling --single-prefill-from 128k --batch-prefill once"
+source "$(dirname "$0")/chain-env.sh"
 $B --arms flashinfer,fa3,locks --contexts 16k --batch 1,4,16,32 --out /tmp/runs/pairs-16k.jsonl
 $B --arms flashinfer,fa3,locks --contexts 32k --batch 1,4,16,32 --out /tmp/runs/pairs-32k.jsonl
 echo "CHAIN DONE"
