@@ -1,5 +1,7 @@
 """One merge-selection launch at a kernel-bench cell (context tokens, batch), bracketed by cudaProfilerStart/Stop
-for ncu (`select-ncu.sh`): the score kernel runs first, three selections warm the compile, the fourth is profiled."""
+for ncu (`select-ncu.sh`): the score kernel runs first, three selections warm the compile, the fourth is profiled.
+A third argument `flat` scores zero queries: every page gets the same key, as under an engine's dummy weights
+(logits ~1e-8), so the threshold searches take no pass and only the selection's fixed work is left."""
 import logging
 import sys
 
@@ -12,12 +14,13 @@ from locks_toolkit.kernels.config import SelectionConfig, SummaryFormat
 logging.basicConfig(level=logging.INFO)
 log = logging.getLogger("select_ncu")
 context, batch = int(sys.argv[1]), int(sys.argv[2])
+flat = sys.argv[3:] == ["flat"]
 cfg = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(context,), batch_sizes=(batch,))
 geom = kb.resolve_geometry(cfg.preset)
 layout = SummaryLayout(SummaryFormat.parse(cfg.summary_format), geom.head_dim)
 state = kb._ContextState(geom, layout, context, batch, torch.Generator().manual_seed(0))
 k_pages = SelectionConfig(budget_tokens=cfg.budget_tokens).page_budget
-q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16)
+q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16) * (0 if flat else 1)
 bt = state.block_table[:batch]
 seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device="cuda")
 selected = torch.empty((batch, geom.num_kv_heads, k_pages), dtype=torch.int32, device="cuda")
