@@ -350,7 +350,8 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
     for name, fn in (("score", score), ("select", select), ("decode_pages", decode_pages), ("merge", merge),
                      ("decode", decode), ("locks_step", step), ("triton_dense", triton_dense)):
         timings[name] = time_graph(fn, cfg.replays, n)
-    # Selection's worst case: zero queries make every page key tie (flat attention, as dummy weights give).
+    # Zero queries give every page one key (flat attention, as an engine's dummy weights do): every page ties, no
+    # threshold search runs, so this is the selection's fixed work and what the dummy-weight pairs pay.
     ops._launch_score(torch.zeros_like(q), state.rows[0], bt, seq_lens, layout, scale, geom.num_kv_heads, sws, tuning)
     timings["select_flat"] = time_graph(select, cfg.replays, n)
     for name, fn in _dense_baselines(geom, state, batch, q, scale, out).items():
