@@ -9,7 +9,7 @@ import torch
 from locks_toolkit.harness.lab import kernel_bench as kb
 from locks_toolkit.kernels import ops
 from locks_toolkit.kernels.build.packing import SummaryLayout
-from locks_toolkit.kernels.config import SelectionConfig, SummaryFormat
+from locks_toolkit.kernels.config import SummaryFormat
 
 logging.basicConfig(level=logging.INFO)
 log = logging.getLogger("select_ncu")
@@ -19,14 +19,9 @@ cfg = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(context,), batch_sizes
 geom = kb.resolve_geometry(cfg.preset)
 layout = SummaryLayout(SummaryFormat.parse(cfg.summary_format), geom.head_dim)
 state = kb._ContextState(geom, layout, context, batch, torch.Generator().manual_seed(0))
-k_pages = SelectionConfig(budget_tokens=cfg.budget_tokens).page_budget
-q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device="cuda", dtype=torch.bfloat16) * (0 if flat else 1)
-bt = state.block_table[:batch]
-seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device="cuda")
-selected = torch.empty((batch, geom.num_kv_heads, k_pages), dtype=torch.int32, device="cuda")
-sws = ops.score_select_workspace(batch, geom.num_kv_heads, state.pages, "cuda", group_size=geom.group)
-tuning = kb.resolve_tuning(cfg)
-ops.prepare_score_kernel(state.rows[0], layout, geom.group, tuning)
+q, bt, seq_lens, selected, sws, tuning, k_pages = kb.selection_inputs(cfg, geom, layout, state, batch)
+if flat:
+    q.zero_()
 chunks = ops._launch_score(q, state.rows[0], bt, seq_lens, layout, geom.head_dim**-0.5, geom.num_kv_heads, sws, tuning)
 for _ in range(3):
     ops._launch_select(sws, seq_lens, selected, geom.group, chunks, cfg.combine, k_pages, tuning)

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -288,24 +289,46 @@ def _dense_baselines(geom, state, batch, q, scale, out) -> dict:
     return fns
 
 
-def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLayout, state: _ContextState,
-                 batch: int, bandwidth_bytes_per_s: float) -> dict:
-    """Time every stage of one (context, batch) cell; returns the measurement part of the record (floors at
-    `bandwidth_bytes_per_s`)."""
+class SelectionInputs(NamedTuple):
+    """One cell's score and selection operands, as the backend would launch them."""
+
+    q: torch.Tensor  # [batch, Hq, d] bf16
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    selected: torch.Tensor  # [batch, Hkv, k] int32, the selection's output
+    workspace: ops.ScoreSelectWorkspace
+    tuning: ScoreTuning
+    page_budget: int
+
+
+def selection_inputs(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLayout, state: _ContextState,
+                     batch: int) -> SelectionInputs:
+    """The score + selection operands of a (context, batch) cell on random queries, the tuning resolved as the
+    backend resolves it and its CUDA score kernel compiled (before any graph capture). `measure_cell` times them;
+    `docs/lease/select_ncu.py` profiles one selection launch on them."""
     k_pages = SelectionConfig(budget_tokens=cfg.budget_tokens).page_budget
-    scale = geom.head_dim**-0.5
     dev = "cuda"
     q = torch.randn((batch, geom.num_q_heads, geom.head_dim), device=dev, dtype=torch.bfloat16)
     bt = state.block_table[:batch]
     seq_lens = torch.full((batch,), state.seq_len, dtype=torch.int32, device=dev)
     selected = torch.empty((batch, geom.num_kv_heads, k_pages), dtype=torch.int32, device=dev)
-    out = torch.empty_like(q)
     sws = ops.score_select_workspace(batch, geom.num_kv_heads, state.pages, dev, group_size=geom.group)
+    tuning = resolve_tuning(cfg)
+    ops.prepare_score_kernel(state.rows[0], layout, geom.group, tuning)
+    return SelectionInputs(q, bt, seq_lens, selected, sws, tuning, k_pages)
+
+
+def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLayout, state: _ContextState,
+                 batch: int, bandwidth_bytes_per_s: float) -> dict:
+    """Time every stage of one (context, batch) cell; returns the measurement part of the record (floors at
+    `bandwidth_bytes_per_s`)."""
+    q, bt, seq_lens, selected, sws, tuning, k_pages = selection_inputs(cfg, geom, layout, state, batch)
+    scale = geom.head_dim**-0.5
+    dev = "cuda"
+    out = torch.empty_like(q)
     dws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev)
     ids = bt[:, : state.full].reshape(-1).contiguous()
     chunks = [0]
-    tuning = resolve_tuning(cfg)
-    ops.prepare_score_kernel(state.rows[0], layout, geom.group, tuning)  # the CUDA kernel's compile, before capture
 
     def score():
         for rows in state.rows:
