@@ -7,7 +7,8 @@ and tie rule are chunked.py's (23-bit fixed-point log shares, ties to the lower 
 `_merge_select_kernel`, grid (S * Hkv, chunks): every program computes the keys of its chunk of contested
 pages (at most BLOCK) and finds the chunk's own top-(k-2) by (key descending, page ascending): a search for
 the threshold key over the bits in which the chunk's keys differ (8 trial values a pass on small tiles, binary
-on large ones: `log_ways`), then the ties in page order.
+on large ones: `log_ways`) that stops at a trial with exactly k-2 keys at or above it, then the ties in page
+order.
 A page of the pair's top-(k-2) is in its chunk's top-(k-2) (fewer than k-2 pages of the pair come before
 it, so fewer of its chunk do), so the chunks' lists hold the answer. Each program writes its list, in page
 order, at the head of its chunk's own page range of the candidate buffers (the keys stay as computed) and arrives at the pair's counter; the last program to
@@ -74,33 +75,39 @@ def _span(lo, hi, KEY_BITS: tl.constexpr):
 
 @triton.jit
 def _search_low(prefix, bits, need, key):
-    """Largest v with #(key >= v) >= need (lanes without a page hold -1), given v in [prefix, prefix +
-    2^bits): one reduction per bit of the span, none when every key is one value."""
+    """(v, exact): the largest v with #(key >= v) >= need (lanes without a page hold -1), given v in [prefix,
+    prefix + 2^bits), one reduction per bit of the span; or, as soon as a trial has exactly `need` keys at or
+    above it, that trial and exact = 1 (the same pages: every key >= v is taken, no tie to break)."""
     low = prefix
-    for i in range(bits):
-        test = low | (1 << (bits - 1 - i))
+    exact = bits * 0
+    while (bits > 0) & (exact == 0):
+        bits -= 1
+        test = low | (1 << bits)
         n = tl.sum((key >= test).to(tl.int32), axis=0)
         if n >= need:
             low = test
-    return low
+        exact = (n == need).to(tl.int32)
+    return low, exact
 
 
 @triton.jit
 def _search_top(key, need, prefix, bits, LOG_WAYS: tl.constexpr):
-    """Largest v in [prefix, prefix + 2^bits) with #(key >= v) >= need (given one exists), LOG_WAYS bits a
-    pass: one reduction counts the keys at or above each of the pass's 2^LOG_WAYS trial values. A block-wide
-    count is a chain of barriers and shuffles (~300 cycles at 8 warps), so fewer, wider passes win until
-    the compares outweigh it (`log_ways`)."""
+    """`_search_low`'s (v, exact), LOG_WAYS bits a pass: one reduction counts the keys at or above each of the
+    pass's 2^LOG_WAYS trial values. A block-wide count is a chain of barriers and shuffles (~300 cycles at 8
+    warps), so fewer, wider passes win until the compares outweigh it (`log_ways`)."""
     trial_digit = tl.arange(0, 1 << LOG_WAYS)
     low = prefix
-    for _ in range(tl.cdiv(bits, LOG_WAYS)):
+    exact = bits * 0
+    while (bits > 0) & (exact == 0):
         step = tl.minimum(bits, LOG_WAYS)
         bits -= step
         trial = low + (trial_digit << bits)  # digit 0 is low itself, which always has `need`
         counts = tl.sum((key[:, None] >= trial[None, :]).to(tl.int32), axis=0)
         fits = (trial_digit < (1 << step)) & (counts >= need)
         low += tl.max(tl.where(fits, trial_digit, 0), axis=0) << bits
-    return low
+        # Counts fall with the digit: the chosen trial has the fewest that fit.
+        exact = (tl.min(tl.where(fits, counts, need + 1), axis=0) == need).to(tl.int32)
+    return low, exact
 
 
 def log_ways(lanes: int, warps: int) -> int:
@@ -123,9 +130,9 @@ def _top_ranks(key, need, KEY_BITS: tl.constexpr, LOG_WAYS: tl.constexpr):
         hi = tl.max(key, axis=0)
         prefix, bits = _span(lo, hi, KEY_BITS)
         if LOG_WAYS == 0:
-            threshold = _search_low(prefix, bits, need, key)
+            threshold, _ = _search_low(prefix, bits, need, key)
         else:
-            threshold = _search_top(key, need, prefix, bits, LOG_WAYS)
+            threshold, _ = _search_top(key, need, prefix, bits, LOG_WAYS)
     gt = key > threshold
     tie = key == threshold
     ties_wanted = need - tl.sum(gt.to(tl.int32), axis=0)
