@@ -119,23 +119,32 @@ def log_ways(lanes: int, warps: int) -> int:
 
 
 @triton.jit
+def _count_and_range(n_a, lo_a, hi_a, n_b, lo_b, hi_b):
+    return n_a + n_b, tl.minimum(lo_a, lo_b), tl.maximum(hi_a, hi_b)
+
+
+@triton.jit
 def _top_ranks(key, need, KEY_BITS: tl.constexpr, LOG_WAYS: tl.constexpr):
     """Which lanes of key (>= 0; -1: no page) are among the `need` largest by (key descending, lane
     ascending), and each taken lane's rank among them in lane order (0-based). All valid lanes where there
     are at most `need`."""
-    n_valid = tl.sum((key >= 0).to(tl.int32), axis=0)
+    valid = key >= 0
+    # One block-wide reduction for the count and the range: each is a chain of barriers.
+    n_valid, lo, hi = tl.reduce((valid.to(tl.int32), tl.where(valid, key, (1 << KEY_BITS) - 1), key), 0,
+                                _count_and_range)
     threshold = 0  # at most `need` pages: every valid key is >= 0, so all are taken below
+    # Ties wanted at the threshold; `need` takes them all, right where every key at or above it is taken.
+    ties_wanted = need
     if n_valid > need:
-        lo = tl.min(tl.where(key >= 0, key, (1 << KEY_BITS) - 1), axis=0)
-        hi = tl.max(key, axis=0)
         prefix, bits = _span(lo, hi, KEY_BITS)
         if LOG_WAYS == 0:
-            threshold, _ = _search_low(prefix, bits, need, key)
+            threshold, exact = _search_low(prefix, bits, need, key)
         else:
-            threshold, _ = _search_top(key, need, prefix, bits, LOG_WAYS)
+            threshold, exact = _search_top(key, need, prefix, bits, LOG_WAYS)
+        if (exact == 0) & (threshold < hi):  # at hi (flat keys among them) no key is above it
+            ties_wanted = need - tl.sum((key > threshold).to(tl.int32), axis=0)
     gt = key > threshold
     tie = key == threshold
-    ties_wanted = need - tl.sum(gt.to(tl.int32), axis=0)
     # Both running counts in one scan, packed in 16-bit halves (lanes < 2^16).
     packed = tl.cumsum(gt.to(tl.int32) + (tie.to(tl.int32) << 16), axis=0)
     tie_upto = packed >> 16
