@@ -187,11 +187,15 @@ def _merge_select_kernel(
             i = tl.arange(0, CH_PAD * KC)
             c = i // KC
             slot = i % KC
-            listed = tl.load(count_row + c, mask=c < num_chunks, other=0, cache_modifier=".cg")
+            in_tile = c < num_chunks
+            listed = tl.load(count_row + c, mask=in_tile, other=0, cache_modifier=".cg")
             at = _chunk_range(num_pages, c, num_chunks)[0] + slot
-            valid = slot < listed
-            cand_key = tl.load(cand_key_row + at, mask=valid, other=-1, cache_modifier=".cg")
-            cand_page = tl.load(cand_page_row + at, mask=valid, other=0, cache_modifier=".cg")
+            # The lists load beside their lengths (one round trip, not two), from anywhere in the pair's row;
+            # the lengths then mask the slots past each list (stale, or the next chunk's).
+            in_row = in_tile & (at < num_pages)
+            cand_key = tl.load(cand_key_row + at, mask=in_row, other=-1, cache_modifier=".cg")
+            cand_page = tl.load(cand_page_row + at, mask=in_row, other=0, cache_modifier=".cg")
+            cand_key = tl.where(slot < listed, cand_key, -1)
             # Chunk-major lanes are in page order, so ranks in lane order write the pages ascending.
             picked, out_rank = _top_ranks(cand_key, need, KEY_BITS, TILE_WAYS)  # names of their own: another shape than the chunk's
             tl.store(out_row + 1 + out_rank, cand_page, mask=picked)
