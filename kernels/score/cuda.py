@@ -79,13 +79,16 @@ def _has_cuda_bindings() -> bool:
         return False
 
 
-def compile_options(rc: RowConstants, rows_under_4gib: bool, rows_per_lane: int = 2) -> list[str]:
-    """NVRTC options: the row layout as constants (offsets fold into the loads' immediates)."""
+def compile_options(rc: RowConstants, rows_under_4gib: bool, rows_per_lane: int = 2,
+                    defines: tuple[tuple[str, int], ...] = ()) -> list[str]:
+    """NVRTC options: the row layout as constants (offsets fold into the loads' immediates); `defines` add
+    macros the lab's score probe varies (STAGES, SCORE_PROBE)."""
     return [
         f"--gpu-architecture={ARCH}", "--use_fast_math", "-lineinfo", f"-DLANE_ROWS={rows_per_lane}",
         f"-DROW_BYTES={rc.row_bytes}", f"-DCOEF_OFF={rc.coef_offset}", f"-DBASIS_OFF={rc.basis_offset}",
         f"-DSCALE_OFF={rc.scales_offset}", f"-DCTA_WARPS={WARPS}", f"-DMIN_WARPS_PER_SM={MIN_WARPS_PER_SM}",
         f"-DROW_OFFSET_T={'unsigned int' if rows_under_4gib else 'unsigned long long'}",
+        *(f"-D{name}={value}" for name, value in defines),
     ]
 
 
@@ -98,15 +101,16 @@ _CACHE: dict[tuple, CompiledScorer] = {}
 _LOCK = threading.Lock()
 
 
-def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool, rows_per_lane: int) -> CompiledScorer:
+def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool, rows_per_lane: int,
+         defines: tuple[tuple[str, int], ...] = ()) -> CompiledScorer:
     """The kernel for this device, layout and group size, compiled and loaded on first use (torch's context is current)."""
-    key = (device.index, rc, rows_under_4gib, rows_per_lane)
+    key = (device.index, rc, rows_under_4gib, rows_per_lane, defines)
     with _LOCK:
         if key not in _CACHE:
             from cuda.bindings import driver
 
-            function = nvrtc.load_function(device, compile_cubin(compile_options(rc, rows_under_4gib, rows_per_lane)),
-                                           KERNEL_NAME)
+            function = nvrtc.load_function(
+                device, compile_cubin(compile_options(rc, rows_under_4gib, rows_per_lane, defines)), KERNEL_NAME)
             regs = nvrtc.driver_ok(driver.cuFuncGetAttribute(
                 driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, function), "cuFuncGetAttribute")
             # All of the unified L1 as shared memory: PROGRAMS_PER_SM programs' row stages (~40 KB each) side by side.
@@ -118,17 +122,18 @@ def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool, rows_per
         return _CACHE[key]
 
 
-def load_for(summary_rows: torch.Tensor, rc: RowConstants, group: int) -> CompiledScorer:
+def load_for(summary_rows: torch.Tensor, rc: RowConstants, group: int,
+             defines: tuple[tuple[str, int], ...] = ()) -> CompiledScorer:
     """`load` of the variant that serves these rows (offset width) and this group size (heads per lane)."""
-    return load(summary_rows.device, rc, summary_rows.numel() < 2**32, lane_rows(group))
+    return load(summary_rows.device, rc, summary_rows.numel() < 2**32, lane_rows(group), defines)
 
 
 def launch(q, summary_rows, block_table, seq_lens, ws, rc: RowConstants, scale: float, num_kv_heads: int,
-           chunks: int, max_chunks: int) -> None:
+           chunks: int, max_chunks: int, defines: tuple[tuple[str, int], ...] = ()) -> None:
     """One launch, grid (S * Hkv, chunks), WARPS warps per program (arguments checked by ops.score_select)."""
     num_seqs, num_q_heads, _ = q.shape
     group = num_q_heads // num_kv_heads
-    kernel = load_for(summary_rows, rc, group)
+    kernel = load_for(summary_rows, rc, group, defines)
     values = [
         ctypes.c_void_p(q.data_ptr()), ctypes.c_void_p(summary_rows.data_ptr()), ctypes.c_void_p(block_table.data_ptr()),
         ctypes.c_void_p(seq_lens.data_ptr()), ctypes.c_void_p(ws.scores.data_ptr()),

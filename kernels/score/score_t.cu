@@ -56,6 +56,12 @@
 #ifndef MIN_WARPS_PER_SM
 #define MIN_WARPS_PER_SM 16  // caps registers at 128
 #endif
+// A measuring instrument, never a served path (harness/lab/score_probe.py): 1 streams the rows and skips the
+// arithmetic (what the loads alone cost), 2 skips the copies and scores whatever the stages hold (the arithmetic
+// alone). Both write garbage scores.
+#ifndef SCORE_PROBE
+#define SCORE_PROBE 0
+#endif
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -217,6 +223,7 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
         return (lane < TILE && k < n_iter && page < n_full) ? __ldg(table_row + page) : 0;
     };
     auto issue = [&](int k, int blk) {  // the warp's k-th tile into stage k % STAGES
+        if (SCORE_PROBE == 2) return;
         const u32 bar = bar0 + 8 * (k % STAGES);
         if (lane == 0) mbar_expect_tx(bar, TILE * ROW_BYTES);
         __syncwarp();
@@ -339,7 +346,8 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
         __syncwarp();
         if (k + STAGES - 1 < n_iter) issue(k + STAGES - 1, next_blk);
         next_blk = tile_block(k + STAGES);
-        mbar_wait(bar0 + 8 * (k % STAGES), (k / STAGES) & 1);
+        if (SCORE_PROBE != 2) mbar_wait(bar0 + 8 * (k % STAGES), (k / STAGES) & 1);
+        if (SCORE_PROBE == 1) continue;
         const unsigned char* tile_rows = &stage_rows[warp][k % STAGES][0];
         uint4 basis[TILE];
 #pragma unroll
