@@ -229,6 +229,13 @@ def score_kernel_name(q, summary_rows, layout: SummaryLayout, group: int, tuning
     return "transposed" if transposed_fits(tuning, rc, q.shape[-1]) else "pages"
 
 
+def score_grid_chunks(pairs: int, table_pages: int, sms: int, programs_per_sm: int, pages_per_step: int,
+                      max_chunks: int) -> int:
+    """Score programs per (sequence, KV head): every program slot of one wave, at most max_chunks, at least one
+    step of pages each."""
+    return max(1, min(max_chunks, programs_per_sm * sms // pairs, cdiv(table_pages, pages_per_step)))
+
+
 def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning=_ss.DEFAULT_TUNING) -> int:
     """Kernel 1 of score_select (arguments already checked); returns the chunk count. The kernel bench times it alone."""
     num_seqs, num_q_heads, head_dim = q.shape
@@ -237,9 +244,8 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
     pairs = num_seqs * num_kv_heads
 
     def grid_chunks(programs_per_sm: int, pages_per_step: int) -> int:
-        """Chunks per pair: every program slot of one wave, at most max_chunks, at least one step of pages each."""
-        slots = programs_per_sm * num_sms(device_index(q))
-        return max(1, min(tuning.max_chunks, slots // pairs, cdiv(block_table.shape[1], pages_per_step)))
+        return score_grid_chunks(pairs, block_table.shape[1], num_sms(device_index(q)), programs_per_sm,
+                                 pages_per_step, tuning.max_chunks)
 
     if tuning.cuda and _cuda_scorer_serves(q, summary_rows, rc, group):
         chunks = grid_chunks(_cuda_score.PROGRAMS_PER_SM, _cuda_score.TILE_PAGES * _cuda_score.WARPS)

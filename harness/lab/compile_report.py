@@ -206,11 +206,12 @@ def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int
     return usage
 
 
-def cuda_score_report(rows_per_lane: int, rows_under_4gib: bool = True, rc: RowConstants | None = None) -> dict:
+def cuda_score_report(rows_per_lane: int, rows_under_4gib: bool = True, rc: RowConstants | None = None,
+                      defines: tuple[tuple[str, int], ...] = ()) -> dict:
     """The CUDA score kernel compiled for sm_90 here (NVRTC): {"registers", "stack_bytes", "loop_instructions",
     "loop_spill_accesses", "loop_global_loads", "loop_mma", "loop_opcodes"} of its tile loop (per thread)."""
     rc = rc or RowConstants.of(SummaryLayout(SummaryFormat.parse("r8i4"), 128))
-    cubin = _cuda_score.compile_cubin(_cuda_score.compile_options(rc, rows_under_4gib, rows_per_lane))
+    cubin = _cuda_score.compile_cubin(_cuda_score.compile_options(rc, rows_under_4gib, rows_per_lane, defines))
     usage = re.search(r"REG:(\d+) STACK:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
     sass = _cuobjdump(cubin, "-sass")
     instructions, spills, loads, mma = loop_profile(sass, skip_cold=True)

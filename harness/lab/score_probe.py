@@ -25,7 +25,7 @@ from ...kernels import ops
 from ...kernels.build.packing import SummaryLayout
 from ...kernels.config import SummaryFormat
 from ...kernels.score import cuda as cuda_score
-from ...kernels.score.pages import MAX_CHUNKS
+from ...kernels.score.pages import DEFAULT_TUNING, MAX_CHUNKS
 from ...kernels.triton_common import RowConstants
 from ..bandwidth import copy_bandwidth_bytes_per_s
 from ..provenance import collect, reproduce_command
@@ -65,9 +65,9 @@ VARIANTS = (
 
 def deployed_chunks(pairs: int, table_pages: int) -> int:
     """The program count per pair that `ops._launch_score` gives the CUDA kernel."""
-    slots = cuda_score.PROGRAMS_PER_SM * torch.cuda.get_device_properties(0).multi_processor_count
-    per_step = cuda_score.TILE_PAGES * cuda_score.WARPS
-    return max(1, min(MAX_CHUNKS, slots // pairs, -(-table_pages // per_step)))
+    return ops.score_grid_chunks(pairs, table_pages, torch.cuda.get_device_properties(0).multi_processor_count,
+                                 cuda_score.PROGRAMS_PER_SM, cuda_score.TILE_PAGES * cuda_score.WARPS,
+                                 DEFAULT_TUNING.max_chunks)
 
 
 def probe_cell(geom, layout: SummaryLayout, state: _ContextState, batch: int, replays: int, bandwidth: float) -> list[dict]:
