@@ -21,9 +21,8 @@ geom = kb.resolve_geometry(cfg.preset)
 layout = SummaryLayout(SummaryFormat.parse(cfg.summary_format), geom.head_dim)
 state = kb._ContextState(geom, layout, context, batch, torch.Generator().manual_seed(0))
 q, bt, seq_lens, _sel, ws, _tuning, _k = kb.selection_inputs(cfg, geom, layout, state, batch)
-if variant.blocks_in_order:
-    bt = torch.sort(bt, dim=1).values.contiguous()
-chunks = max(1, round(sp.deployed_chunks(batch * geom.num_kv_heads, bt.shape[1]) * variant.chunk_factor))
+bt = variant.table(bt)
+chunks = variant.programs(sp.deployed_chunks(batch * geom.num_kv_heads, bt.shape[1]))
 rc = RowConstants.of(layout)
 
 

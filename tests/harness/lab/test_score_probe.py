@@ -49,3 +49,14 @@ def test_markdown_rows_give_times_floors_and_failures():
     table = markdown([ok, failed]).splitlines()
     assert table[2] == "| 512k | 1 | stages_4 | 132 | 46.8 (0.3) | 37.4 | 80% | largest score difference 0 |"
     assert table[3].startswith("| 512k | 1 | math_only | 132 | error |") and "boom" in table[3]
+
+
+def test_variants_scale_programs_within_capacity_and_order_blocks():
+    import torch
+
+    by_name = {v.name: v for v in VARIANTS}
+    assert by_name["programs_x2"].programs(132) == 264 and by_name["programs_x2"].programs(300) == 512
+    assert by_name["programs_half"].programs(1) == 1 and by_name["deployed"].programs(8) == 8
+    table = torch.tensor([[5, 2, 9], [7, 1, 3]], dtype=torch.int32)
+    assert by_name["blocks_in_order"].table(table).tolist() == [[2, 5, 9], [1, 3, 7]]
+    assert by_name["deployed"].table(table) is table
