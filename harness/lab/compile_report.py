@@ -153,21 +153,31 @@ def _cuobjdump(cubin: bytes, flag: str) -> str:
         return subprocess.run([tool, flag, file.name], capture_output=True, text=True, check=True).stdout
 
 
+def _loop_span(sass: str, skip_cold: bool = False) -> tuple[list[tuple[int, str]], tuple[int, int] | None]:
+    """The kernel's (address, instruction) lines and its largest loop's (first, last) address, None without one."""
+    lines = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    last_exit = max((addr for addr, text in lines if re.search(r"\bEXIT\b", text)), default=None)
+    loops = [(int(t[1], 16), addr) for addr, text in lines
+             if (t := re.search(r"\bBRA\b[^`]*?0x([0-9a-f]+)", text)) and int(t[1], 16) < addr
+             and not (skip_cold and last_exit is not None and addr > last_exit)]
+    return lines, max(loops, key=lambda span: span[1] - span[0]) if loops else None
+
+
+def prologue_instructions(sass: str, skip_cold: bool = False) -> int:
+    """Instructions before the largest loop: what a thread runs once before its first iteration (the CUDA
+    scorer's query conversion and first copies), counted statically."""
+    lines, span = _loop_span(sass, skip_cold)
+    return sum(addr < span[0] for addr, _ in lines) if span else 0
+
+
 def _largest_loop(sass: str, skip_cold: bool = False) -> list[str]:
     """The instructions of the kernel's largest loop body (its back-branch span), [] without a loop.
 
     skip_cold: ignore back-branches after the last EXIT. In the CUDA scorer those are the compiler's cold paths
     (divergent-warp fallbacks of its collective operations) jumping back into the body, and their spans are not
     loops; a Triton kernel's own loop can close right after its last EXIT, so its reports keep them."""
-    lines = [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
-    last_exit = max((addr for addr, text in lines if re.search(r"\bEXIT\b", text)), default=None)
-    loops = [(int(t[1], 16), addr) for addr, text in lines
-             if (t := re.search(r"\bBRA\b[^`]*?0x([0-9a-f]+)", text)) and int(t[1], 16) < addr
-             and not (skip_cold and last_exit is not None and addr > last_exit)]
-    if not loops:
-        return []
-    first, last = max(loops, key=lambda span: span[1] - span[0])
-    return [text for addr, text in lines if first <= addr <= last]
+    lines, span = _loop_span(sass, skip_cold)
+    return [text for addr, text in lines if span[0] <= addr <= span[1]] if span else []
 
 
 def loop_opcodes(sass: str, skip_cold: bool = False) -> dict[str, int]:
@@ -209,7 +219,8 @@ def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int
 def cuda_score_report(rows_per_lane: int, rows_under_4gib: bool = True, rc: RowConstants | None = None,
                       defines: tuple[tuple[str, int], ...] = ()) -> dict:
     """The CUDA score kernel compiled for sm_90 here (NVRTC): {"registers", "stack_bytes", "loop_instructions",
-    "loop_spill_accesses", "loop_global_loads", "loop_mma", "loop_opcodes"} of its tile loop (per thread)."""
+    "loop_spill_accesses", "loop_global_loads", "loop_mma", "loop_opcodes"} of its tile loop (per thread), and
+    "prologue_instructions" before it."""
     rc = rc or RowConstants.of(SummaryLayout(SummaryFormat.parse("r8i4"), 128))
     cubin = _cuda_score.compile_cubin(_cuda_score.compile_options(rc, rows_under_4gib, rows_per_lane, defines))
     usage = re.search(r"REG:(\d+) STACK:(\d+)", _cuobjdump(cubin, "--dump-resource-usage"))
@@ -217,6 +228,7 @@ def cuda_score_report(rows_per_lane: int, rows_under_4gib: bool = True, rc: RowC
     instructions, spills, loads, mma = loop_profile(sass, skip_cold=True)
     return {"registers": int(usage[1]), "stack_bytes": int(usage[2]), "loop_instructions": instructions,
             "loop_spill_accesses": spills, "loop_global_loads": loads, "loop_mma": mma,
+            "prologue_instructions": prologue_instructions(sass, skip_cold=True),
             "loop_opcodes": loop_opcodes(sass, skip_cold=True)}
 
 

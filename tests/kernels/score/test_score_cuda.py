@@ -37,6 +37,15 @@ def test_compiles_for_sm90_with_the_designed_tile_loop(rows_per_lane):
     assert report["loop_spill_accesses"] == 0 and report["stack_bytes"] == 0
 
 
+@pytest.mark.parametrize("rows_per_lane", [1, 2])
+def test_query_conversion_is_a_few_instructions_a_dim(rows_per_lane):
+    """Before its first tile a warp converts q to byte digits (32 dims a lane, one or two heads): an add and a
+    LOP3 a dim, a byte transpose and dp4a sums keep that under ~20 instructions a dim (the digit-by-digit loop
+    took 1024 / 1475 in all)."""
+    report = compile_report.cuda_score_report(rows_per_lane)
+    assert report["prologue_instructions"] <= {1: 650, 2: 1000}[rows_per_lane]
+
+
 def test_compiles_with_64_bit_row_offsets():
     """Summary buffers of 4 GiB and more take 64-bit offsets (only the bulk copies' source addresses): the same
     loop within the same budget."""
