@@ -7,7 +7,7 @@
 #      (`make tree REF=C DEST=.gpu/C`: its package folders with their own harness/build_info.json, carried);
 #      CONTEXTS (16k,32k,128k,256k,512k,1m), BATCH (1,4), CELLS (context:batch cells timed after those, e.g.
 #      "16k:32 32k:16"; none), RUNS (2), PROBE (0), CUDA_CHECKS (0), CHECKS (first; "after": only the long selection
-#      checks, after the timings, for a call short of device time), CHECK_TREE (.: the tree whose kernels the checks
+#      checks, after the timings, for a call short of device time; "none": a call after one that ran them), CHECK_TREE (.: the tree whose kernels the checks
 #      run, e.g. the candidate's export)
 set -u
 ARMS=${ARMS:-auto@. merge@.} CONTEXTS=${CONTEXTS:-16k,32k,128k,256k,512k,1m} BATCH=${BATCH:-1,4} RUNS=${RUNS:-2}
@@ -24,7 +24,7 @@ bench() {  # tree select tag contexts batch run
   (cd "$1" && $K python3 -m locks_toolkit.harness.lab.kernel_bench --contexts "$4" --batch "$5" --select "$2" \
     --out "$OUT/bench-$3.jsonl" >> "$OUT/bench-$3-$6.md" 2>> "$OUT/bench-err.txt") || echo "bench $3 $4 x $5 run $6: rc $?"
 }
-if [ "$CHECKS" != after ]; then
+if [ "$CHECKS" = first ]; then
   checks checks-select.txt 40
   checks checks-select-long.txt 10 --long
 fi

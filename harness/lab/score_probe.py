@@ -4,8 +4,9 @@
 
 Per (context, batch) cell it times, as `locks bench kernel` does (a CUDA graph over layer copies, µs per call):
 the deployed launch; the rows streamed without the arithmetic (`SCORE_PROBE=1`) and the arithmetic without the
-copies (`SCORE_PROBE=2`); other stage counts; twice and half the deployed program count; the rows of each
-sequence in block order (a fresh engine allocates a long prompt's blocks mostly in order, the bench at random);
+copies (`SCORE_PROBE=2`); other stage counts; twice and half the deployed program count; 20 warps an SM (five
+programs) instead of 16; the rows of each sequence in block order (a fresh engine allocates a long prompt's blocks
+mostly in order, the bench at random);
 and a torch reduction over the same rows buffer (a read-only stream of about the kernel's bytes: what a plain
 streaming kernel attains at this size, its launch included). Every time comes with its byte floor at the
 measured copy bandwidth. Variants that change only the launch shape are checked against the deployed scores.
@@ -68,6 +69,9 @@ VARIANTS = (
     ProbeVariant("programs_half", chunk_factor=0.5),
     ProbeVariant("blocks_in_order", blocks_in_order=True, exact=False),  # other rows per page: other scores
     ProbeVariant("loads_only_in_order", (("SCORE_PROBE", 1),), blocks_in_order=True, exact=False),
+    # 20 warps an SM (registers capped at 102; G <= 8 needs 100) and a fifth program an SM: more warps to overlap
+    # one warp's arithmetic with another's loads
+    ProbeVariant("warps_20", (("MIN_WARPS_PER_SM", 20),), chunk_factor=1.25),
 )
 
 
@@ -113,11 +117,13 @@ def probe_cell(geom, layout: SummaryLayout, state: _ContextState, batch: int, re
             log.warning("variant %s failed: %s", variant.name, exc)
             row.update(status="error", reason=f"{type(exc).__name__}: {str(exc)[:200]}")
         rows.append(row)
-    words = [r.view(torch.int32) for r in state.rows]
+    # float32 words (their values do not matter): torch's float sum streams at the bandwidth, where an int64 sum of
+    # int32 words reached 18% of it on the H100 (score-probe-h100.md)
+    words = [r.view(torch.float32) for r in state.rows]
 
     def reduce_rows():
         for w in words:
-            w.sum(dtype=torch.int64)
+            w.sum()
     reduce_rows()
     timing = time_graph(reduce_rows, replays, n)
     buffer_bytes = state.rows[0].numel()

@@ -32,6 +32,15 @@ def test_other_stage_counts_keep_the_loop_without_spills(stages):
     assert report["loop_mma"] == 48 and report["loop_spill_accesses"] == 0
 
 
+def test_twenty_warps_an_sm_fit_the_register_cap_at_g8():
+    """The warps_20 variant caps registers at 65536 / (20 x 32) = 102: the G <= 8 build (100 registers at 16 warps)
+    must fit that without spilling, or the variant would time spills instead of occupancy."""
+    by_name = {v.name: v for v in VARIANTS}
+    report = _report(by_name["warps_20"].defines)
+    assert report["registers"] <= 65536 // (32 * 20) and report["loop_spill_accesses"] == 0
+    assert report["loop_mma"] == 48
+
+
 def test_score_grid_fills_one_wave_of_program_slots():
     """132 SMs x 4 programs: 4 pairs (512K bs1) get 132 programs each, 64 pairs (32K x 16) 8, and a short table
     no more than one 16-page step per program."""
