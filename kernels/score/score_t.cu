@@ -278,10 +278,10 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
             const int e = max(((__float_as_int(amax * 1.0078125f) >> 23) & 0xFF) - 127 - (8 * PIECES - 2), -100);
             const float inv = __int_as_float((127 - e) << 23);
             lane_scale[h2] = __int_as_float((127 + e) << 23) * log2_scale;
-            // The balanced byte digits of X (each in [-128, 127]) are the bytes of X + 0x80..80 less 128 each, i.e.
-            // the bytes of (X + 0x80..80) ^ 0x80808080 as signed bytes: one add and one LOP3 a dim (the digit loop took
-            // ~20 instructions a dim, ~700 a warp before its first tile). A 4 x 4 byte transpose (8 PRMT) then
-            // gathers digit k of dims 8j + {0, 2, 4, 6} (and {1, 3, 5, 7}) into one word, and a dp4a sums them.
+            // The balanced byte digits of X (each in [-128, 127], the top one too by the bound on e) are the bytes of
+            // (X + 0x80..80) ^ 0x80808080 read as signed bytes: one add and one LOP3 a dim, all before a warp's first
+            // tile. A 4 x 4 byte transpose (8 PRMT) gathers digit k of dims 8j + {0, 2, 4, 6} (and {1, 3, 5, 7}) into
+            // one word, and a dp4a sums each word's four digits for the bias.
             int sum[PIECES] = {};
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
