@@ -7,8 +7,8 @@
 #      (`make tree REF=C DEST=.gpu/C`: its package folders with their own harness/build_info.json, carried);
 #      CONTEXTS (16k,32k,128k,256k,512k,1m), BATCH (1,4), CELLS (context:batch cells timed after those, e.g.
 #      "16k:32 32k:16"; none), RUNS (2), PROBE (0), CUDA_CHECKS (0), CHECKS (first; "after": only the long selection
-#      checks, after the timings, for a call short of device time; "none": a call after one that ran them), CHECK_TREE (.: the tree whose kernels the checks
-#      run, e.g. the candidate's export)
+#      checks, after the timings, for a call short of device time; "none": a call after one that ran them),
+#      CHECK_TREE (.: the tree whose kernels the checks run, e.g. the candidate's export)
 set -u
 ARMS=${ARMS:-auto@. merge@.} CONTEXTS=${CONTEXTS:-16k,32k,128k,256k,512k,1m} BATCH=${BATCH:-1,4} RUNS=${RUNS:-2}
 CELLS=${CELLS:-} CHECKS=${CHECKS:-first} CHECK_TREE=${CHECK_TREE:-.}
