@@ -52,6 +52,8 @@ class Arm:
     additional_config: Callable[[SparseKnobs], dict] | None = None
     env: Callable[[SparseKnobs | None, str | None], dict[str, str]] | None = None
     vllm_plugins: str = OUR_PLUGIN  # the only vLLM plugins this arm's engine loads
+    # Its prefill runs a backend that prefill_attention skip wraps (kernels/vllm_backend/prefill_attention.py)
+    prefill_skippable: bool = True
 
     def engine_kwargs(self, knobs: SparseKnobs | None) -> dict:
         kwargs: dict = {"attention_config": {"backend": self.backend}, "block_size": self.block_size}
@@ -227,6 +229,7 @@ register_arm(
         plugin_distribution="locks-kv",
         env=_locks_kv_env,
         vllm_plugins=PEER_PLUGIN,
+        prefill_skippable=False,  # its backend is its own
     )
 )
 register_arm(Arm("cpu", "CPU_ATTN", device="cpu", description="vLLM CPU attention, dense (tests, CI)"))

@@ -30,6 +30,7 @@ GRAPH_MODES: dict[str, tuple[dict, bool]] = {
 
 
 BATCH_PREFILL_MODES = ("per_batch", "once")
+PREFILL_ATTENTION_MODES = ("exact", "skip")  # kernels/vllm_backend/prefill_attention.MODES (no vLLM import here)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class DecodePlan:
     # first, so a batch grid pays one prefill per engine; a smaller batch's requests carry the tokens decoded
     # by the cells before it (the record's `decoded_before_tokens`).
     batch_prefill: str = "per_batch"
+    # "skip": prefill batches write the KV cache and skip their attention (kernels/vllm_backend/prefill_attention.py):
+    # a 1M prefill then costs its GEMMs, not ~11 min of causal attention. Decode steps run untouched; the cells
+    # carry no TTFT. Presets (dummy weights), tensor parallel 1, the FA3 / FlashInfer / Locks / CPU arms.
+    prefill_attention: str = "exact"
     gpu_memory_utilization: float = 0.85
     kv_cache_memory_bytes: int | None = None
     max_num_batched_tokens: int = 16384
@@ -111,6 +116,7 @@ class DecodePlan:
                               "synchronously; drop --async-scheduling (async_scheduling: false) for them")
         if self.batch_prefill not in BATCH_PREFILL_MODES:
             raise ConfigError(f"batch_prefill {self.batch_prefill!r} unknown; use one of {', '.join(BATCH_PREFILL_MODES)}")
+        self._check_prefill_attention()
         if self.isolation not in ("process", "inline"):
             raise ConfigError(f"isolation {self.isolation!r} unknown; use process or inline")
         if self.silence_timeout_s <= 0:
@@ -162,6 +168,24 @@ class DecodePlan:
                        f"pass contexts up to {trained - self.decode_tokens_for(context)} tokens")
                 raise ConfigError(f"context {format_size(context)} needs max_model_len {need} (context + decode "
                                   f"room), beyond the {trained} positions {self.model} was trained for; {fix}")
+
+    def _check_prefill_attention(self) -> None:
+        """`skip` only where the engine process runs the model and the arm's prefill is a backend it wraps."""
+        if self.prefill_attention not in PREFILL_ATTENTION_MODES:
+            raise ConfigError(f"prefill_attention {self.prefill_attention!r} unknown; use one of "
+                              f"{', '.join(PREFILL_ATTENTION_MODES)}")
+        if self.prefill_attention == "exact":
+            return
+        if self.model not in preset_names():
+            raise ConfigError(f"prefill_attention skip changes what the KV cache holds; it is for presets (dummy "
+                              f"weights), not {self.model}: drop --prefill-attention skip")
+        if self.tensor_parallel_size > 1:
+            raise ConfigError("prefill_attention skip runs at tensor parallel 1 (the harness checks the skip in the "
+                              "engine process); drop --tp or --prefill-attention skip")
+        own = [name for name in self.arms if not get_arm(name).prefill_skippable]
+        if own:
+            raise ConfigError(f"arms {', '.join(own)} prefill in their own kernels, which prefill_attention skip does "
+                              f"not reach; run them in a plan with --prefill-attention exact")
 
     def _check_tensor_parallel(self) -> None:
         """TP splits query and KV heads evenly over the ranks; vLLM would fail later and less clearly."""

@@ -105,6 +105,8 @@ def cell_identity(plan: DecodePlan, arm: str, context: int, batch: int, budget: 
         **({"positions_extended": True} if plan.extend_positions else {}),
         # A batch measured on the survivors of a larger batch's prefill is another protocol, so another cell.
         **({"batch_prefill": plan.batch_prefill} if plan.batch_prefill != "per_batch" else {}),
+        # A cache filled without prefill attention holds other numbers: another cell (exact cells keep their identity).
+        **({"prefill_attention": plan.prefill_attention} if plan.prefill_attention != "exact" else {}),
     }
 
 

@@ -17,6 +17,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from ..kernels.vllm_backend import prefill_attention
 from . import guards, nvml
 from .arms import SparseKnobs, get_arm
 from .plan import DecodePlan
@@ -159,6 +160,7 @@ def run_job(job: EngineJob, emit) -> None:
 
     emit(phase_message("boot", pid=os.getpid()))
     try:
+        prefill_attention.configure(job.plan.prefill_attention)
         session = EngineSession(job.plan, job.arm, job.model_dir, job.dummy_weights, job.knobs, job.vocab_size,
                                 max_model_len=job.plan.max_model_len_for(job.context))
     except Exception as exc:  # noqa: BLE001 - any boot failure becomes a recorded status
@@ -198,6 +200,8 @@ def _run_session(session, job: EngineJob, emit) -> None:
         "weights_config": job.weights,
         "copy_bandwidth_bytes_per_s": basis.bandwidth_bytes_per_s,
         "bandwidth_source": basis.bandwidth_source,
+        **({"prefill_attention": {"mode": "skip", "wrapped": prefill_attention.wrapped()}}
+           if job.plan.prefill_attention == "skip" else {}),
     }
     single = job.plan.single_prefill(job.context)
     try:
@@ -392,15 +396,21 @@ def _prefill_fields(pre, batch: int, counters: dict | None) -> dict:
 def _prefill(session, job: EngineJob, batch: int, emit):
     """`batch` fresh requests prefilled; (their PrefillLog, the backend counters the prefill moved)."""
     emit(phase_message("prefill", batch=batch))
-    before = session.read_counters()
+    before, skipped = session.read_counters(), prefill_attention.skipped_batches()
     pre = session.prefill(batch, job.context, "measure")
+    if job.plan.prefill_attention == "skip" and prefill_attention.skipped_batches() == skipped:
+        raise RuntimeError(f"prefill_attention skip: the prefill ran its attention ({session.backend_in_use()} is not "
+                           f"among the wrapped backends: {', '.join(prefill_attention.wrapped()) or 'none'})")
     return pre, counter_delta(before, session.read_counters())
 
 
 def _add_ttft(result: dict, session, job: EngineJob, pre, batch: int, prefill_counters, with_ttft: bool, emit) -> None:
     """TTFT fields of a cell: at a single-prefill context its own prefill, else the repeats (batch 1)."""
     result.update(ttft_ms=None, build_ms=None, build_method=None)
-    if with_ttft and job.plan.single_prefill(job.context):
+    if job.plan.prefill_attention == "skip":
+        result["build_method"] = ("not measured: prefill_attention skip (the prefill ran without its attention; its "
+                                  "backend counters are in prefill.counters)")
+    elif with_ttft and job.plan.single_prefill(job.context):
         result["ttft_ms"] = single_prefill_ttft(pre, batch, prefill_counters)
         result["build_method"] = ("not estimated: a single-prefill context has no steady repeats; the prefill's "
                                   "backend counters are in ttft_ms.build_counters" if job.budget is not None

@@ -79,6 +79,9 @@ def decode(
     batch_prefill: Optional[str] = typer.Option(
         None, "--batch-prefill", help="per_batch (each batch size its own prefill) or once (one prefill of the "
         "largest batch that fits; smaller batches keep the first b of its requests, largest first)."),
+    prefill_attention: Optional[str] = typer.Option(
+        None, "--prefill-attention", help="exact, or skip: prefill batches write the KV cache and skip their attention "
+        "(decode timing at 512K-1M without ~3-11 min of causal prefill per engine; no TTFT; presets only)."),
     detach: bool = typer.Option(False, "--detach", help="Run in the background, in its own session (survives the "
                                 "shell); follow it with `locks bench status OUT`, stop it with `locks bench stop OUT`."),
 ) -> None:
@@ -96,7 +99,7 @@ def decode(
         "summary_format": summary_format, "seed": seed, "require_nvml": require_nvml, "isolation": isolation,
         "peer_config": peer_config, "output": str(out) if out is not None else None,
         "tensor_parallel_size": tensor_parallel_size, "single_prefill_from": single_prefill_from,
-        "extend_positions": extend_positions, "batch_prefill": batch_prefill,
+        "extend_positions": extend_positions, "batch_prefill": batch_prefill, "prefill_attention": prefill_attention,
     }
     try:
         plan = load_plan(plan_file, overrides)

@@ -19,7 +19,7 @@ from .records import Record, dig, status_of
 from .schemas import FLOOR_KV_ONLY, FLOOR_PRESET
 
 SETUP_KEYS = ["model", "num_layers", "graph_mode", "dummy_weights", "dtype", "tensor_parallel_size", "async_scheduling",
-              "batch_prefill"]
+              "batch_prefill", "prefill_attention"]
 CELL_KEYS = SETUP_KEYS + ["arm_label", "context_tokens", "batch_size"]
 
 
@@ -85,6 +85,7 @@ def _row(record: Record) -> dict:
         "tensor_parallel_size": int(cell.get("tensor_parallel_size") or 1),
         "async_scheduling": bool(cell.get("async_scheduling")),
         "batch_prefill": str(cell.get("batch_prefill") or "per_batch"),
+        "prefill_attention": str(cell.get("prefill_attention") or "exact"),
         "arm_label": arm if dense else arm_label(arm, cell),
         "context_tokens": int(cell.get("context_tokens") or 0),
         "batch_size": int(cell.get("batch_size") or 1),
@@ -192,12 +193,13 @@ def _with_dense_ttft(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def setup_title(setup: tuple) -> str:
-    model, layers, graph_mode, dummy, dtype, tp, async_scheduling, batch_prefill = setup
+    model, layers, graph_mode, dummy, dtype, tp, async_scheduling, batch_prefill, prefill_attention = setup
     layers_text = "all layers" if layers == -1 else f"{layers} layers"
     dtype_text = f", {dtype}" if dtype else ""
     tp_text = f", TP={tp}" if tp != 1 else ""
     async_text = ", async scheduling" if async_scheduling else ""
     async_text += ", one prefill per engine shared by its batches" if batch_prefill == "once" else ""
+    async_text += ", prefill attention skipped (decode timing only, no TTFT)" if prefill_attention == "skip" else ""
     return (f"{model}, {layers_text}{dtype_text}{tp_text}, graph {graph_mode}{async_text}, "
             f"{'dummy' if dummy else 'real'} weights")
 

@@ -268,3 +268,19 @@ def test_a_parametric_arm_gives_plain_file_names():
 
     assert arm_file_stem("locks[select=chunked,pdl=true]") == "locks-select-chunked-pdl-true"
     assert arm_file_stem("locks-cpu") == "locks-cpu"
+
+
+def test_prefill_attention_skip_is_refused_where_the_harness_cannot_check_it(tmp_path):
+    with pytest.raises(ConfigError, match="prefill_attention 'none' unknown; use one of exact, skip"):
+        load_plan(None, {"prefill_attention": "none"})
+    with pytest.raises(ConfigError, match="arms locks-kv prefill in their own kernels.*--prefill-attention exact"):
+        load_plan(None, {"prefill_attention": "skip", "arms": "flashinfer,locks,locks-kv"})
+    with pytest.raises(ConfigError, match="tensor parallel 1.*drop --tp"):
+        load_plan(None, {"prefill_attention": "skip", "tensor_parallel_size": 2})
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096}')
+    with pytest.raises(ConfigError, match="for presets \\(dummy weights\\).*drop --prefill-attention skip"):
+        load_plan(None, {"prefill_attention": "skip", "model": str(model), "contexts": "1k"})
+    plan = load_plan(None, {"prefill_attention": "skip", "arms": "fa3,flashinfer,locks"})
+    assert plan.prefill_attention == "skip" and load_plan(None).prefill_attention == "exact"

@@ -195,3 +195,36 @@ def test_an_engine_that_raises_at_boot_is_one_short_error_record_and_a_hint(tmp_
     assert "LlamaForCausalLM" in record["traceback"]  # vLLM's full list of what it supports
     said = " ".join(result.stderr.split())
     assert "1 cell(s) failed" in said and "rerun the same command" in said and "engine's log" in said
+
+
+def test_prefill_attention_skip_fills_the_cache_of_the_real_engine_without_prefill_attention(tmp_path, monkeypatch):
+    """The CPU engine with the prefill's attention skipped still decodes every window in lockstep; the cell is
+    its own (no TTFT), and a skip that does not reach the engine's backend stops the cell with the reason."""
+    out = tmp_path / "skip.jsonl"
+    args = ["bench", "decode", SMOKE, "--contexts", "256", "--batch", "1,2", "--prefill-attention", "skip",
+            "--out", str(out), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)
+    assert [(r["cell"]["batch_size"], r["status"]) for r in records] == [(1, "ok"), (2, "ok")], records
+    for record in records:
+        assert record["cell"]["prefill_attention"] == "skip" and record["guards"]["lockstep"] == "pass"
+        assert record["ttft_ms"] is None and "prefill_attention skip" in record["build_method"]
+        assert "vllm.v1.attention.backends.cpu_attn.CPUAttentionBackendImpl" in record["engine"]["prefill_attention"]["wrapped"]
+
+    from locks_toolkit.harness.presets import materialize_model
+    from locks_toolkit.harness.worker import EngineJob, job_environment, run_job
+    from locks_toolkit.kernels.vllm_backend import prefill_attention
+
+    plan = load_plan(SMOKE, {"contexts": "128", "batch_sizes": "1", "prefill_attention": "skip"})
+    config, _ = build_config("tiny-llama", None, plan.effective_max_model_len)
+    job = EngineJob(plan, "cpu", 128, None, (1,), str(materialize_model(config)), True,
+                    ModelGeometry.from_config(config), 1024, False)
+    for key, value in job_environment(job).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(prefill_attention, "configure", lambda mode: [])  # as if no backend were wrapped
+    messages = []
+    run_job(job, messages.append)
+    cells = [m for m in messages if m["type"] == "cell"]
+    assert [c["status"] for c in cells] == ["error"], messages
+    assert "prefill_attention skip: the prefill ran its attention (CPU_ATTN is not among" in cells[0]["reason"]
