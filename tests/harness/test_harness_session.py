@@ -79,15 +79,17 @@ def test_cli_runs_the_cpu_engine_then_resumes(tmp_path, monkeypatch):
     assert len(read_records(out)) == 2  # nothing recomputed, nothing appended
 
 
+def _run_smoke(out, *flags: str) -> list[dict]:
+    """The records of `locks bench decode` on the CPU smoke plan at 256 tokens with `flags` (the run must succeed)."""
+    result = CliRunner().invoke(app, ["bench", "decode", SMOKE, "--contexts", "256", *flags, "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
 def test_batch_prefill_once_measures_every_batch_on_one_prefill_of_the_real_engine(tmp_path):
     """The real scheduler drops requests aborted without draining before the survivors' windows: every
     window step emits exactly `batch` tokens from the survivors, and only the largest batch was prefilled."""
-    out = tmp_path / "once.jsonl"
-    args = ["bench", "decode", SMOKE, "--contexts", "256", "--batch", "1,2,4", "--batch-prefill", "once",
-            "--out", str(out), "--json"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    records = json.loads(result.stdout)
+    records = _run_smoke(tmp_path / "once.jsonl", "--batch", "1,2,4", "--batch-prefill", "once")
     plan = load_plan(SMOKE, {"batch_prefill": "once"})
     assert [(r["cell"]["batch_size"], r["status"]) for r in records] == [(4, "ok"), (2, "ok"), (1, "ok")], records
     assert [r["prefills"]["count"] for r in records] == [1, 0, 0]
@@ -200,12 +202,7 @@ def test_an_engine_that_raises_at_boot_is_one_short_error_record_and_a_hint(tmp_
 def test_prefill_attention_skip_fills_the_cache_of_the_real_engine_without_prefill_attention(tmp_path, monkeypatch):
     """The CPU engine with the prefill's attention skipped still decodes every window in lockstep; the cell is
     its own (no TTFT), and a skip that does not reach the engine's backend stops the cell with the reason."""
-    out = tmp_path / "skip.jsonl"
-    args = ["bench", "decode", SMOKE, "--contexts", "256", "--batch", "1,2", "--prefill-attention", "skip",
-            "--out", str(out), "--json"]
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    records = json.loads(result.stdout)
+    records = _run_smoke(tmp_path / "skip.jsonl", "--batch", "1,2", "--prefill-attention", "skip")
     assert [(r["cell"]["batch_size"], r["status"]) for r in records] == [(1, "ok"), (2, "ok")], records
     for record in records:
         assert record["cell"]["prefill_attention"] == "skip" and record["guards"]["lockstep"] == "pass"
