@@ -172,22 +172,27 @@ def test_speedup_is_against_the_faster_dense_arm():
     assert floor["floor_fraction"] == pytest.approx(records("decode")[0]["floor_ms"] / 6.93)
 
 
-def test_async_and_sync_scheduling_are_separate_setups():
-    sync = records("decode")
-    on = [json.loads(json.dumps(r)) for r in sync]
-    for record in on:
-        record["cell"]["async_scheduling"] = True
+@pytest.mark.parametrize("key, value, title", [
+    ("async_scheduling", True, ", async scheduling"),
+    ("prefill_attention", "skip", ", prefill attention skipped (decode timing only, no TTFT)"),
+])
+def test_another_protocol_is_another_setup(key, value, title):
+    """Async scheduling, or a cache filled without prefill attention: cells apart from the plain ones, titled so."""
+    plain = records("decode")
+    other = [json.loads(json.dumps(r)) for r in plain]
+    for record in other:
+        record["cell"][key] = value
         if record.get("tpot_ms"):
-            record["tpot_ms"]["mean"] = record["tpot_ms"]["mean"] / 2  # never compared with the sync cells
-    frame = decode_frame(sync + on)
-    fast = frame[frame["async_scheduling"]]
-    assert len(frame) == 2 * len(decode_frame(sync)) and len(fast) == len(frame) // 2
-    # speedups are taken within a setup: halving every async TPOT leaves them unchanged
-    assert sorted(fast["speedup"].dropna()) == pytest.approx(sorted(frame[~frame["async_scheduling"]]["speedup"].dropna()))
+            record["tpot_ms"]["mean"] = record["tpot_ms"]["mean"] / 2  # never compared with the plain cells
+    frame = decode_frame(plain + other)
+    moved = frame[frame[key] == value]
+    assert len(frame) == 2 * len(decode_frame(plain)) and len(moved) == len(frame) // 2
+    # speedups are taken within a setup: halving every other TPOT leaves them unchanged
+    assert sorted(moved["speedup"].dropna()) == pytest.approx(sorted(frame[frame[key] != value]["speedup"].dropna()))
     text = render_ladder(frame, md.Notes())
     titles = [line for line in text.splitlines() if line.startswith("### ")]
-    assert len(titles) == 2 and {title.replace(", async scheduling", "") for title in titles} == {min(titles, key=len)}
-    assert sum(", async scheduling, dummy weights" in title for title in titles) == 1
+    assert len(titles) == 2 and {t.replace(title, "") for t in titles} == {min(titles, key=len)}
+    assert sum(f"{title}, dummy weights" in t for t in titles) == 1
 
 
 def test_frontier_is_the_largest_batch_with_a_speedup():
