@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from ..kernels.config import PAGE_SIZE, ConfigError, SelectionConfig, SummaryFormat
+from ..kernels.vllm_backend.prefill_attention import MODES as PREFILL_ATTENTION_MODES
 from .arms import get_arm, split_arm_list
 from .presets import load_preset_config, preset_names, read_model_dir_config
 from .workload import format_size, parse_size
@@ -30,7 +31,6 @@ GRAPH_MODES: dict[str, tuple[dict, bool]] = {
 
 
 BATCH_PREFILL_MODES = ("per_batch", "once")
-PREFILL_ATTENTION_MODES = ("exact", "skip")  # kernels/vllm_backend/prefill_attention.MODES (no vLLM import here)
 
 
 @dataclass(frozen=True)

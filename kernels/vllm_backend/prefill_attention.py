@@ -60,14 +60,14 @@ def _skipping(forward):
     return wrapped
 
 
-def configure(mode: str) -> list[str]:
+def configure(mode: str) -> None:
     """Set this process's mode; on the first `skip`, wrap the forward of every importable target backend whose cache
-    write is its own call. Returns the wrapped impl classes."""
+    write is its own call (`wrapped()` names them)."""
     if mode not in MODES:
         raise ValueError(f"prefill_attention {mode!r} unknown; use one of {', '.join(MODES)}")
     _State.skip = mode == "skip"
     if not _State.skip:
-        return list(_State.wrapped)
+        return
     for module_name, backend_name, impl_name in _TARGETS:
         try:
             module = importlib.import_module(module_name)
@@ -83,7 +83,6 @@ def configure(mode: str) -> list[str]:
         impl.forward = _skipping(impl.forward)
         _State.wrapped.append(f"{module_name}.{impl_name}")
     log.info("prefill_attention skip: prefill batches skip attention in %s", ", ".join(_State.wrapped) or "no backend")
-    return list(_State.wrapped)
 
 
 def wrapped() -> list[str]:

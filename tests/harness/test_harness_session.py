@@ -219,7 +219,7 @@ def test_prefill_attention_skip_fills_the_cache_of_the_real_engine_without_prefi
                     ModelGeometry.from_config(config), 1024, False)
     for key, value in job_environment(job).items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(prefill_attention, "configure", lambda mode: [])  # as if no backend were wrapped
+    monkeypatch.setattr(prefill_attention, "configure", lambda mode: None)  # as if no backend were wrapped
     messages = []
     run_job(job, messages.append)
     cells = [m for m in messages if m["type"] == "cell"]

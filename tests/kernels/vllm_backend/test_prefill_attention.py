@@ -47,8 +47,9 @@ def _call(impl, metadata):
 
 def test_skip_zeroes_prefill_batches_and_runs_decode_batches(fake_backends):
     separate, inside = fake_backends
-    assert prefill_attention.configure("skip") == ["fake_separate.Impl"]
-    assert prefill_attention.configure("skip") == ["fake_separate.Impl"]  # wrapped once
+    prefill_attention.configure("skip")
+    prefill_attention.configure("skip")
+    assert prefill_attention.wrapped() == ["fake_separate.Impl"]  # wrapped once
     before = prefill_attention.skipped_batches()
     impl = separate.Impl()
     for metadata in (SimpleNamespace(max_query_len=37), SimpleNamespace(num_prefills=1, max_query_len=1)):
