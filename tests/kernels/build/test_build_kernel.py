@@ -123,3 +123,22 @@ def test_layer_tables_refuse_mismatched_layers():
     caches = [torch.zeros((5, 16, 2, 64)), torch.zeros((6, 16, 2, 64))]
     with pytest.raises(ValueError, match="layer 0"):
         ops.layer_tables(caches, rows, layout)
+
+
+def test_float16_centroid_step_admits_one_rounding_flip_and_no_more():
+    """Two fp32 sums of the same keys may round one float16 element to neighbouring values: the check's step must
+    admit one ulp at the centroid's absmax and refuse two."""
+    from locks_toolkit.kernels.checks import centroid_step
+    from locks_toolkit.kernels.testing import generator
+
+    gen = generator(fresh_seed())
+    ref = (torch.randn((3, 64), generator=gen) * 4).to(torch.float16)
+    top = ref.abs().argmax(-1)
+    rows = torch.arange(3)
+    step = centroid_step(ref.float(), quantized=False)[:, 0]
+    bits = ref.view(torch.int16)
+    for ulps, admitted in ((1, True), (2, False)):
+        moved = bits.clone()
+        moved[rows, top] += ulps  # away from zero for either sign: the magnitude's bits grow
+        diff = (moved.view(torch.float16).float() - ref.float())[rows, top].abs()
+        assert bool((diff <= 1.01 * step).all()) == admitted, (ulps, diff, step)
