@@ -63,7 +63,7 @@ VARIANTS = (
     ProbeVariant("deployed"),
     ProbeVariant("loads_only", (("SCORE_PROBE", 1),), exact=False),
     ProbeVariant("math_only", (("SCORE_PROBE", 2),), exact=False),
-    ProbeVariant("stages_2", (("STAGES", 2),)),
+    ProbeVariant("stages_3", (("STAGES", 3),)),
     ProbeVariant("stages_4", (("STAGES", 4),)),
     ProbeVariant("programs_x2", chunk_factor=2.0),
     ProbeVariant("programs_half", chunk_factor=0.5),

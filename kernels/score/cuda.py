@@ -113,7 +113,7 @@ def load(device: torch.device, rc: RowConstants, rows_under_4gib: bool, rows_per
                 device, compile_cubin(compile_options(rc, rows_under_4gib, rows_per_lane, defines)), KERNEL_NAME)
             regs = nvrtc.driver_ok(driver.cuFuncGetAttribute(
                 driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_NUM_REGS, function), "cuFuncGetAttribute")
-            # All of the unified L1 as shared memory: PROGRAMS_PER_SM programs' row stages (~40 KB each) side by side.
+            # All of the unified L1 as shared memory: PROGRAMS_PER_SM programs' row stages (~27 KB each) side by side.
             nvrtc.driver_ok(driver.cuFuncSetAttribute(
                 function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100),
                 "cuFuncSetAttribute")

@@ -51,7 +51,9 @@
 #define Q_MMAS (LANE_ROWS == 1 ? 2 : 3)  // mmas per k-step of V^T q
 
 #ifndef STAGES
-#define STAGES 3  // tiles per warp in shared memory: the one scored and STAGES - 1 in flight
+// Tiles per warp in shared memory: the one scored and STAGES - 1 in flight. Two beat three by 0.7-1.0 µs at 512K / 1M
+// bs1 and 32K x 16 on the H200 (docs/decisions.md, "The score kernel").
+#define STAGES 2
 #endif
 #ifndef MIN_WARPS_PER_SM
 #define MIN_WARPS_PER_SM 16  // caps registers at 128
