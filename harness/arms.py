@@ -102,21 +102,20 @@ def register_arm(arm: Arm) -> Arm:
     return arm
 
 
-# The parametric form `locks[select=chunked,pdl=true]`: a Locks arm with kernel settings other than the
+# The parametric form `locks[select=chunked,scorer_kernel=pages]`: a Locks arm with kernel settings other than the
 # defaults (the same pages through other launches), timed beside `locks` in one run. The keys are the
 # backend's kernel settings (kernels/vllm_backend/settings.py); each maps a text value to the setting.
 KERNEL_SETTINGS: dict[str, tuple[str, ...]] = {
     "select": SELECT_CHOICES,
     "scorer_kernel": SCORER_KERNELS,
-    "pdl": ("true", "false"),
 }
 PARAMETRIC_BASES = ("locks", "locks-cpu")
-ARM_FORM = "locks[select=chunked,pdl=true,scorer_kernel=pages]"
+ARM_FORM = "locks[select=chunked,scorer_kernel=pages]"
 _PARAMETRIC: dict[str, Arm] = {}
 
 
 def split_arm_list(text: str) -> list[str]:
-    """'fa3,locks[select=chunked,pdl=true]' -> ['fa3', 'locks[select=chunked,pdl=true]']: commas inside brackets
+    """'fa3,locks[select=chunked,scorer_kernel=pages]' -> ['fa3', 'locks[select=chunked,scorer_kernel=pages]']: commas inside brackets
     belong to the arm."""
     items, depth, current = [], 0, ""
     for char in text:
@@ -131,7 +130,7 @@ def split_arm_list(text: str) -> list[str]:
 
 
 def arm_file_stem(name: str) -> str:
-    """An arm name as a file-name part: 'locks[select=chunked,pdl=true]' -> 'locks-select-chunked-pdl-true'
+    """An arm name as a file-name part: 'locks[select=chunked,scorer_kernel=pages]' -> 'locks-select-chunked-scorer_kernel-pages'
     (brackets, commas and '=' travel badly through copies and shells)."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")
 
@@ -153,7 +152,7 @@ def _parametric_arm(name: str) -> Arm:
             raise ConfigError(f"arm {name!r}: {key}={value!r} unknown; use one of {', '.join(KERNEL_SETTINGS[key])}")
         if key in settings:
             raise ConfigError(f"arm {name!r} sets {key} twice; give each setting once")
-        settings[key] = value == "true" if key == "pdl" else value
+        settings[key] = value
     base = ARMS[base_name]
     shown = ", ".join(f"{key}={value}" for key, value in settings.items())
     return Arm(name, base.backend, device=base.device, sparse=True, block_size=base.block_size,

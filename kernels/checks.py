@@ -273,11 +273,11 @@ BF16_DECODE_TOLERANCE = 2e-2  # atol and rtol of a bf16 decode against the fp64 
 
 
 def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = torch.bfloat16,
-                 pdl: bool = False, tuning: DecodeTuning = DEFAULT_DECODE) -> CheckResult:
+                 tuning: DecodeTuning = DEFAULT_DECODE) -> CheckResult:
     """sparse_paged_decode over random page subsets (sink, recent, -1 padding) vs paged_decode_reference,
     under the launch shape `tuning`; the workspace's unused splits hold NaN, so a merge that reads them fails."""
     shape = "" if tuning == DEFAULT_DECODE else f" {tuning}"
-    res = CheckResult(f"decode {case} {str(dtype)[6:]}" + (" pdl" if pdl else "") + shape, seed)
+    res = CheckResult(f"decode {case} {str(dtype)[6:]}" + shape, seed)
     gen = generator(seed)
     S, Hkv, G, d = len(case.seq_lens), case.num_kv_heads, case.group, case.head_dim
     num_pages = [cdiv(n, PAGE_SIZE) for n in case.seq_lens]
@@ -302,7 +302,7 @@ def check_decode(device: str, case: DecodeCase, seed: int, dtype: torch.dtype = 
     ws.partial_lse.fill_(float("nan"))
     try:
         ops.sparse_paged_decode(q.to(device), k_cache.to(device), v_cache.to(device), table.to(device), seq_lens.to(device),
-                                selected.to(device), scale, out, ws, pdl=pdl, tuning=tuning)
+                                selected.to(device), scale, out, ws, tuning=tuning)
     except Exception as exc:  # noqa: BLE001 - e.g. a launch shape that needs more shared memory than the GPU has
         res.expect(False, f"launch failed: {type(exc).__name__}: {str(exc)[:160]}")
         return res
@@ -422,11 +422,6 @@ def full_battery(device: str, seed: int) -> list[CheckResult]:
     # the scorer's other paths on bf16 queries
     results += [check_score_select(device, c, seed + i, torch.bfloat16, tuning=t)
                 for i, c in enumerate(SELECT_CASES + [MANY_PAGES_CASE]) for t in SCORER_VARIANTS + TRANSPOSED_VARIANTS]
-    if torch.device(device).type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9:
-        # programmatic dependent launch: sm_90 only (the interpreter has no griddepcontrol)
-        results += [check_score_select(device, c, seed + i, tuning=ScoreTuning(select_path=path, pdl=True))
-                    for i, c in enumerate(SELECT_CASES[:4]) for path in SELECT_PATHS]
-        results += [check_decode(device, c, seed + i, pdl=True) for i, c in enumerate(DECODE_CASES)]
     return results
 
 

@@ -261,7 +261,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
             D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE, R=rc.rank,
             COEF_OFF=rc.coef_offset, BASIS_OFF=rc.basis_offset, SCALE_OFF=rc.scales_offset,
             P=tuning.tile, RP=next_pow2(rc.rank), FP32=dot_in_fp32(q), SPLIT=q.dtype != torch.float32,
-            ROWS32=tuning.narrow_offsets and summary_rows.numel() < 2**31, PDL=tuning.pdl, launch_pdl=tuning.pdl,
+            ROWS32=tuning.narrow_offsets and summary_rows.numel() < 2**31,
             num_warps=tuning.warps, num_stages=tuning.stages, maxnreg=tuning.maxnreg,
         )
         return chunks
@@ -274,7 +274,7 @@ def _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_
         P=tuning.tile, RP=next_pow2(rc.rank), FP32=(fp32 := dot_in_fp32(q) or rc.basis_bits == 16), STAGES=tuning.stages,
         MANTISSA=tuning.mantissa_nibbles,
         WORDS=tuning.word_nibbles and _ss.word_decode_fits(rc.basis_bits, head_dim, rc.row_bytes, rc.basis_offset),
-        COEF_VEC=tuning.coef_vector, COEF_MMA=tuning.coef_mma and rc.rank >= 4 and (fp32 or group >= 8), PDL=tuning.pdl, launch_pdl=tuning.pdl,
+        COEF_VEC=tuning.coef_vector, COEF_MMA=tuning.coef_mma and rc.rank >= 4 and (fp32 or group >= 8),
         ROWS32=tuning.narrow_offsets and summary_rows.numel() < 2**31,
         num_warps=tuning.warps, maxnreg=tuning.maxnreg,
     )
@@ -305,7 +305,7 @@ def _launch_merge_select(ws, seq_lens, selected_pages, group, score_chunks, comb
         BLOCK=plan.block, CH_PAD=next_pow2(plan.chunks), KC=list_slots, K_PAD=next_pow2(page_budget),
         KEY_BITS=_merge.KEY_BITS, CHUNK_WAYS=_merge.log_ways(plan.block, _merge.MERGE_WARPS),
         TILE_WAYS=_merge.log_ways(next_pow2(plan.chunks) * list_slots, _merge.MERGE_WARPS),
-        PDL=tuning.pdl, launch_pdl=tuning.pdl, num_warps=_merge.MERGE_WARPS,
+        num_warps=_merge.MERGE_WARPS,
     )
     return True
 
@@ -323,7 +323,7 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
     chunks = max(1, min(score_chunks, tuning.select_chunks))
-    pick = dict(COARSE_PICK=tuning.coarse_pick, PDL=tuning.pdl, launch_pdl=tuning.pdl)  # every select launch
+    pick = dict(COARSE_PICK=tuning.coarse_pick)
     common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS)
     sizes = (num_kv_heads, ws.max_pages, chunks, page_budget)
     keys = dict(G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
@@ -332,16 +332,15 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
         ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, seq_lens, *sizes, score_chunks,
         num_warps=_sel.KEYS_WARPS, **keys, **pick,
     )
-    pdl = dict(PDL=tuning.pdl, launch_pdl=tuning.pdl)
     _sel._gather_kernel[(pairs, chunks)](
         ws.keys, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
         B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, BLOCK=_sel.KEYS_BLOCK, LOW_BITS=_sel.LOW_BITS, WINDOW=_sel.AGG_WINDOW,
-        num_warps=_sel.KEYS_WARPS, **pdl,
+        num_warps=_sel.KEYS_WARPS,
     )
     _sel._resolve_kernel[(pairs, chunks)](
         ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,
         B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, BLOCK=_sel.KEYS_BLOCK, K_PAD=next_pow2(page_budget),
-        CHUNKS_PAD=next_pow2(chunks), num_warps=_sel.FINAL_WARPS, **pdl,
+        CHUNKS_PAD=next_pow2(chunks), num_warps=_sel.FINAL_WARPS,
     )
 
 
@@ -375,12 +374,10 @@ def sparse_paged_decode(
     out: torch.Tensor,
     workspace: DecodeWorkspace,
     *,
-    pdl: bool = False,
     tuning: _decode.DecodeTuning = _decode.DEFAULT_DECODE,
 ) -> None:
     """q [S, Hq, d], caches [NB, 16, Hkv, d], selected_pages int32 [S, Hkv, k] (logical, -1 skipped) -> writes out [S, Hq, d] (q dtype).
 
-    pdl: both launches (decode, merge) use programmatic dependent launch (`_common.enter_dependent`).
     tuning: the launch shape (`decode.DecodeTuning`); the workspace must hold its splits."""
     num_seqs, num_q_heads, head_dim = q.shape
     check(k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE and k_cache.shape == v_cache.shape,
@@ -398,11 +395,11 @@ def sparse_paged_decode(
     check(ws.partial_out.shape[0] >= num_seqs and ws.partial_out.shape[1] == num_q_heads and ws.partial_out.shape[3] == head_dim,
           f"decode workspace {tuple(ws.partial_out.shape)} does not fit S={num_seqs}, Hq={num_q_heads}, d={head_dim}; "
           "rebuild it with decode_workspace(max_num_seqs, Hq, d, device)")
-    splits = _launch_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, ws, pdl, tuning)
-    _launch_merge(ws, out, num_q_heads, splits, pdl, tuning)
+    splits = _launch_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, ws, tuning)
+    _launch_merge(ws, out, num_q_heads, splits, tuning)
 
 
-def _launch_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, ws, pdl=False,
+def _launch_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, ws,
                    tuning: _decode.DecodeTuning = _decode.DEFAULT_DECODE) -> int:
     """Kernel 1 of sparse_paged_decode (arguments already checked): each split's partial output and lse over its
     slice of the selected pages; returns the split count. The kernel bench times it alone."""
@@ -417,18 +414,18 @@ def _launch_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, s
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_table.stride(0),
         num_kv_heads, num_q_heads, page_budget, splits, ws.max_splits, scale,
         G=group, G_DOT=next_pow2(group), D=head_dim, D_PAD=next_pow2(head_dim), B=PAGE_SIZE,
-        PPI=tuning.pages_per_iter, FP32=dot_in_fp32(k_cache), PDL=pdl, launch_pdl=pdl,
+        PPI=tuning.pages_per_iter, FP32=dot_in_fp32(k_cache),
         num_warps=tuning.warps, num_stages=tuning.stages,
     )
     return splits
 
 
-def _launch_merge(ws, out, num_q_heads: int, splits: int, pdl=False,
+def _launch_merge(ws, out, num_q_heads: int, splits: int,
                   tuning: _decode.DecodeTuning = _decode.DEFAULT_DECODE) -> None:
     """Kernel 2 of sparse_paged_decode: the splits' log-sum-exp merge into out. The kernel bench times it alone."""
     num_seqs, _, head_dim = out.shape
     _decode._merge_kernel[(num_seqs * num_q_heads,)](
         ws.partial_out, ws.partial_lse, out, out.stride(0), out.stride(1), num_q_heads, splits, ws.max_splits,
-        D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=next_pow2(splits), EAGER=tuning.merge_eager, PDL=pdl, launch_pdl=pdl,
+        D=head_dim, D_PAD=next_pow2(head_dim), SPLIT_PAD=next_pow2(splits), EAGER=tuning.merge_eager,
         num_warps=4,
     )

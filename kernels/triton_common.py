@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .build.packing import SummaryLayout
 from .config import cdiv  # noqa: F401  (re-exported: kernels and ops import it from here)
@@ -94,13 +93,3 @@ def mm(a, b, FP32: tl.constexpr):
         return tl.dot(a, b)
 
 
-@triton.jit
-def enter_dependent(PDL: tl.constexpr):
-    """First statement of a kernel launched with programmatic dependent launch (`launch_pdl`, sm_90):
-    let the next kernel's programs be scheduled now (they wait in their own call of this), then wait
-    until the previous kernel has finished and its writes are visible. What it saves is the launch gap
-    between dependent kernels of the decode graph (~1 µs per node on the H200, graph_launch_probe).
-    PDL False: nothing (the interpreter has no griddepcontrol)."""
-    if PDL:
-        gdc_launch_dependents()
-        gdc_wait()

@@ -46,7 +46,7 @@ def _finished_table(records: list[dict]) -> Table:
 def decode(
     plan_file: Optional[Path] = typer.Argument(None, help="YAML plan (default: the packaged default plan)."),
     model: Optional[str] = typer.Option(None, help="Preset (glm-4-9b-chat-1m, llama-3.1-8b, qwen3-4b, tiny-llama; dummy weights), a model dir, a .gguf file or gemma3-270m (real weights)."),
-    arms: Optional[str] = typer.Option(None, help="Comma-separated arms: fa3, flashinfer, locks, locks-kv (the published peer), cpu, locks-cpu (CPU engine); Locks with other kernel settings (same pages): locks[select=auto|one|chunked|merge,pdl=true,scorer_kernel=cuda|transposed|pages]."),
+    arms: Optional[str] = typer.Option(None, help="Comma-separated arms: fa3, flashinfer, locks, locks-kv (the published peer), cpu, locks-cpu (CPU engine); Locks with other kernel settings (same pages): locks[select=auto|merge|chunked,scorer_kernel=cuda|transposed|pages]."),
     contexts: Optional[str] = typer.Option(None, help="Comma-separated contexts, e.g. 16k,32k,128k."),
     batch: Optional[str] = typer.Option(None, help="Comma-separated batch sizes, e.g. 1,4,16."),
     budget: Optional[str] = typer.Option(None, help="Comma-separated token budgets of sparse arms (multiples of 16)."),
@@ -388,11 +388,10 @@ def kernel(
     combine: str = typer.Option("share_average", help="GQA combine: share_average, group_max, group_mass."),
     replays: int = typer.Option(20, help="Timed CUDA-graph replays per stage."),
     seed: Optional[int] = typer.Option(None, help="Seed of the correctness check and the random data."),
-    select: str = typer.Option(BackendSettings.select, help="Selection path as the backend's `select` setting: auto (by block-table "
-                               "width, as deployed), one, chunked or merge."),
+    select: str = typer.Option(BackendSettings.select, help="Selection path as the backend's `select` setting: auto (the merge "
+                               "path, as deployed), merge or chunked."),
     scorer_kernel: str = typer.Option(BackendSettings.scorer_kernel, "--scorer-kernel", help="Score kernel as the backend's `scorer_kernel` "
                                       "setting: cuda (deployed; Triton transposed where it declines), transposed, pages."),
-    pdl: bool = typer.Option(BackendSettings.pdl, "--pdl/--no-pdl", help="Programmatic dependent launch, as the backend's `pdl`."),
     out: Optional[Path] = typer.Option(None, "--out", help="JSONL file the records are appended to."),
     as_json: bool = typer.Option(False, "--json", help="Print the records as a JSON array instead of markdown."),
 ) -> None:
@@ -407,7 +406,7 @@ def kernel(
     try:
         cfg = KernelBenchConfig(preset=preset, contexts=parse_size_list(contexts), batch_sizes=parse_size_list(batch),
                                 budget_tokens=budget, summary_format=summary_format, combine=combine, replays=replays,
-                                seed=seed, select=select, scorer_kernel=scorer_kernel, pdl=pdl)
+                                seed=seed, select=select, scorer_kernel=scorer_kernel)
         records = run_kernel_bench(cfg, reproduce_command(), sink=(lambda r: append_record(out, r)) if out else None)
     except ConfigError as exc:
         raise fail(str(exc), "see `locks bench kernel --help`") from None

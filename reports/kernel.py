@@ -36,7 +36,7 @@ def _rows(record: Record) -> list[dict]:
     geometry = str(cell.get("geometry") or cell.get("preset") or dig(record, "geometry", "name", default="?"))
     if cell.get("format"):
         geometry += f" {cell['format']}"
-    settings = [f"{key}={str(cell[key]).lower()}" for key in ("select", "scorer_kernel", "pdl") if key in cell]
+    settings = [f"{key}={str(cell[key]).lower()}" for key in ("select", "scorer_kernel", "pdl") if key in cell]  # pdl: older records
     if settings:  # a cell names only the backend settings that differ from the deployed ones
         geometry += f" [{','.join(settings)}]"
     base = {

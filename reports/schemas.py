@@ -40,9 +40,9 @@ locks.bench.decode/2  (one per (arm, model, context, batch) session; version 1 i
 
 locks.bench.kernel/1  (one per (preset, context, batch): harness/lab/kernel_bench.py)
     cell          {preset (or geometry), context_tokens, batch_size, budget_tokens, format, combine, and select,
-                   scorer_kernel, pdl where they differ from the backend's defaults}
+                   scorer_kernel where they differ from the backend's defaults (older records: pdl)}
     timings_us    {stage: {mean_us, ...}};  bytes, floor_us, floor_fraction: {stage: number}
-    kernels       {score: cuda | transposed | pages, select: one | chunked (older records: four), pdl}: the code paths timed; tuning
+    kernels       {score: cuda | transposed | pages, select: merge | chunked (older records: one, four; pdl)}: the code paths timed; tuning
     best_dense, speedup_vs_dense
   also read: one record per stage, cell.stage + us_per_layer, bytes, floor_us, floor_fraction
 

@@ -112,18 +112,15 @@ def _specs(group: int = 8, head_dim: int = 128, fmt: str = "r8i4", page_budget: 
 def _variants(**geometry) -> list[tuple[str, tuple]]:
     """(name, spec): every production kernel, plus the score kernel's byte path (int4 codes decoded per
     byte, one load per coefficient: formats without whole 32-bit words), its FMA coefficient contraction
-    (r < 4, or G < 8 on 16-bit dots), the merge selection on a short table and three kernels with
-    programmatic dependent launch (`[pdl]`)."""
+    (r < 4, or G < 8 on 16-bit dots) and the merge selection on a short table."""
     specs = _specs(**geometry)
     named = [(spec[0].__name__, spec) for spec in specs]
     fn, pointers, constexprs, warps = next(spec for spec in specs if spec[0] is _ss._score_kernel)
-    with_pdl = [(f"{name}[pdl]", (spec[0], spec[1], {**spec[2], "PDL": True}, spec[3])) for name, spec in named
-                if name in ("_score_kernel", "_keys_kernel", "_sparse_decode_kernel")]
     merge = next(spec for spec in specs if spec[0] is _merge_select._merge_select_kernel)
     # The merge path on a short table (16K bs1: chunks of <= 256 pages, 8-trial searches): its chunk and its tile
     # differ in shape, which the compiler must accept (the 1M spec above has both at 4096 lanes).
     short = (merge[0], merge[1], {**merge[2], "BLOCK": 256, "SUB": 256, "CH_PAD": 8, "CHUNK_WAYS": 3, "TILE_WAYS": 3}, merge[3])
-    return named + with_pdl + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps)),
+    return named + [("_score_kernel[bytes]", (fn, pointers, {**constexprs, "WORDS": False, "COEF_VEC": False}, warps)),
                                ("_score_kernel[fma]", (fn, pointers, {**constexprs, "COEF_MMA": False}, warps)),
                                ("_merge_select_kernel[short]", short)]
 
@@ -202,7 +199,7 @@ def loop_profile(sass: str, skip_cold: bool = False) -> tuple[int, int, int, int
 
 def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int]]:
     """Compile each kernel for `target`; returns {kernel: {"registers", "stack_bytes", "shared_bytes",
-    "loop_instructions", "loop_spill_accesses", "loop_global_loads", "loop_mma", "griddepcontrol"}}."""
+    "loop_instructions", "loop_spill_accesses", "loop_global_loads", "loop_mma"}}."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("unset TRITON_INTERPRET to compile for the GPU (the interpreter replaces @triton.jit)")
     usage = {}
@@ -211,8 +208,7 @@ def compile_all(target: GPUTarget = SM90, **geometry) -> dict[str, dict[str, int
         found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+)", _cuobjdump(kernel.asm["cubin"], "--dump-resource-usage"))
         instructions, spills, loads, mma = loop_profile(_cuobjdump(kernel.asm["cubin"], "-sass"))
         usage[name] = {"registers": int(found[1]), "stack_bytes": int(found[2]), "shared_bytes": kernel.metadata.shared,
-                       "loop_instructions": instructions, "loop_spill_accesses": spills, "loop_global_loads": loads, "loop_mma": mma,
-                       "griddepcontrol": kernel.asm["ptx"].count("griddepcontrol.")}
+                       "loop_instructions": instructions, "loop_spill_accesses": spills, "loop_global_loads": loads, "loop_mma": mma}
     return usage
 
 

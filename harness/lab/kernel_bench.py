@@ -104,7 +104,6 @@ class KernelBenchConfig:
     # (`resolve_tuning`): by default the kernels a deployed engine runs.
     select: str = BackendSettings.select
     scorer_kernel: str = BackendSettings.scorer_kernel
-    pdl: bool = BackendSettings.pdl
 
     def __post_init__(self) -> None:
         SelectionConfig(budget_tokens=self.budget_tokens, combine=self.combine)  # validates
@@ -119,20 +118,19 @@ class KernelBenchConfig:
 
 def kernel_settings(cfg: KernelBenchConfig) -> dict:
     """The backend kernel settings of a cell that differ from the deployed defaults (a cell names only those)."""
-    chosen = {"select": cfg.select, "scorer_kernel": cfg.scorer_kernel, "pdl": cfg.pdl}
+    chosen = {"select": cfg.select, "scorer_kernel": cfg.scorer_kernel}
     return {key: value for key, value in chosen.items() if value != getattr(BackendSettings, key)}
 
 
 def resolve_tuning(cfg: KernelBenchConfig) -> ScoreTuning:
     """The score + selection tuning the backend runs with these settings (kernels/vllm_backend/kernel_ops.TritonOps,
     the one resolution)."""
-    return TritonOps(cfg.select, cfg.pdl, cfg.scorer_kernel).tuning
+    return TritonOps(cfg.select, cfg.scorer_kernel).tuning
 
 
 def kernels_that_run(q: torch.Tensor, rows: torch.Tensor, layout: SummaryLayout, group: int, tuning: ScoreTuning) -> dict:
-    """Which code paths a cell times: the score kernel that takes the call, the selection path, PDL."""
-    return {"score": ops.score_kernel_name(q, rows, layout, group, tuning), "select": tuning.select_path,
-            "pdl": tuning.pdl}
+    """Which code paths a cell times: the score kernel that takes the call and the selection path."""
+    return {"score": ops.score_kernel_name(q, rows, layout, group, tuning), "select": tuning.select_path}
 
 
 def stage_bytes(geom: KernelGeometry, layout: SummaryLayout, seq_len: int, batch: int, page_budget: int,
@@ -340,23 +338,23 @@ def measure_cell(cfg: KernelBenchConfig, geom: KernelGeometry, layout: SummaryLa
 
     def decode():
         for k, v in zip(state.k, state.v):
-            ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, dws, pdl=tuning.pdl)
+            ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, dws)
 
     splits_run = [0]
 
     def decode_pages():  # the split-K kernel alone (decode = it + merge)
         for k, v in zip(state.k, state.v):
-            splits_run[0] = ops._launch_decode(q, k, v, bt, seq_lens, selected, scale, dws, tuning.pdl)
+            splits_run[0] = ops._launch_decode(q, k, v, bt, seq_lens, selected, scale, dws)
 
     def merge():
         for _ in state.k:
-            ops._launch_merge(dws, out, geom.num_q_heads, splits_run[0], tuning.pdl)
+            ops._launch_merge(dws, out, geom.num_q_heads, splits_run[0])
 
     def step():
         for rows, k, v in zip(state.rows, state.k, state.v):
             ops.score_select(q, rows, bt, seq_lens, selected, layout, k_pages, scale, cfg.combine, workspace=sws,
                              tuning=tuning)
-            ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, dws, pdl=tuning.pdl)
+            ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, dws)
 
     all_pages = torch.arange(state.pages, dtype=torch.int32, device=dev).expand(batch, geom.num_kv_heads, -1).contiguous()
     dense_ws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, dev)

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton_common import enter_dependent, mm
+from ..triton_common import mm
 
 
 @dataclass(frozen=True)
@@ -86,9 +86,8 @@ def _sparse_decode_kernel(
     s_qs, s_qh, s_kb, s_kt, s_kh, s_vb, s_vt, s_vh, s_bt,
     num_kv_heads, num_q_heads, K, num_splits, max_splits, scale,
     G: tl.constexpr, G_DOT: tl.constexpr, D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr,
-    PPI: tl.constexpr, FP32: tl.constexpr, PDL: tl.constexpr = False,
+    PPI: tl.constexpr, FP32: tl.constexpr,
 ):
-    enter_dependent(PDL)
     pair = tl.program_id(0)
     split = tl.program_id(1)
     s = pair // num_kv_heads
@@ -144,9 +143,8 @@ def _sparse_decode_kernel(
 @triton.jit
 def _merge_kernel(
     part_out_ptr, part_lse_ptr, out_ptr, s_os, s_oh, num_q_heads, num_splits, max_splits,
-    D: tl.constexpr, D_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, EAGER: tl.constexpr = False, PDL: tl.constexpr = False,
+    D: tl.constexpr, D_PAD: tl.constexpr, SPLIT_PAD: tl.constexpr, EAGER: tl.constexpr = False,
 ):
-    enter_dependent(PDL)
     head = tl.program_id(0)  # flat (sequence, query head)
     s = head // num_q_heads
     qh = head % num_q_heads

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ..config import SCORER_KERNELS as _SCORER_KERNEL_NAMES
 from ..config import SELECT_PATHS
-from ..triton_common import enter_dependent, mm
+from ..triton_common import mm
 
 # Cost model (r8i4, G=8, d=128): the scorer streams 832 B per scored page but is bound by latency,
 # not bytes. Its 16-page tile is ~1700 SASS per thread (harness/lab/compile_report.py, specialised like production: int4
@@ -95,10 +95,6 @@ class ScoreTuning:
     # where merge declines a budget). H100 kernel bench: merge 9.8 / 20.6 µs at 16K / 1M bs1 against the chunked
     # path's 17.4 / 36.4 (docs/decisions.md).
     select_path: str = "merge"
-    # True: the score and selection kernels use programmatic dependent launch (`_common.enter_dependent`):
-    # each kernel's programs are scheduled while the previous one finishes. In the vLLM pair (H200)
-    # within 1% at 32K and no gain at 128K, so off.
-    pdl: bool = False
     # Chunks per (sequence, KV head) at most. At 64 a bs1 launch (4 KV heads) filled 256 of the 528
     # program slots; ncu on the H200 (2026-11-29, 128K bs1) saw 0.5 waves, 1.9 active warps per
     # scheduler and an issue every 3.2 cycles: the kernel waits on loads with too few warps to hide
@@ -316,10 +312,9 @@ def _score_kernel(
     D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr, R: tl.constexpr, BITS: tl.constexpr,
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, STAGES: tl.constexpr = 1, MANTISSA: tl.constexpr = True,
-    WORDS: tl.constexpr = False, COEF_VEC: tl.constexpr = False, PDL: tl.constexpr = False,
+    WORDS: tl.constexpr = False, COEF_VEC: tl.constexpr = False,
     COEF_MMA: tl.constexpr = False, ROWS32: tl.constexpr = False,
 ):
-    enter_dependent(PDL)
     pair, chunk, s, h, n_full, t_begin, t_end = _program_tiles(seq_lens_ptr, num_kv_heads, num_chunks, B, P)
 
     DOT_T = tl.float32 if FP32 else q_ptr.dtype.element_ty

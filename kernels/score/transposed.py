@@ -17,7 +17,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..triton_common import enter_dependent
 from .pages import LN2, LOG2E, _in_units, _mma, _paired_codes, _program_tiles, _row_offset
 
 
@@ -43,9 +42,7 @@ def _score_t_kernel(
     D: tl.constexpr, D_PAD: tl.constexpr, B: tl.constexpr, R: tl.constexpr,
     COEF_OFF: tl.constexpr, BASIS_OFF: tl.constexpr, SCALE_OFF: tl.constexpr,
     P: tl.constexpr, RP: tl.constexpr, FP32: tl.constexpr, SPLIT: tl.constexpr, ROWS32: tl.constexpr = False,
-    PDL: tl.constexpr = False,
 ):
-    enter_dependent(PDL)
     pair, chunk, s, h, n_full, t_begin, t_end = _program_tiles(seq_lens_ptr, num_kv_heads, num_chunks, B, P)
 
     DOT_T = tl.float32 if FP32 else q_ptr.dtype.element_ty

@@ -35,8 +35,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ..triton_common import enter_dependent
-
 KEYS_BLOCK = 512  # pages per iteration of the key, gather and resolve kernels
 KEYS_WARPS = 8
 FINAL_WARPS = 8  # the resolve kernel's: its last program's [k, chunks] tie lookup is up to 16K elements (4 warps: 255 registers)
@@ -129,14 +127,13 @@ def _keys_kernel(
     num_kv_heads, max_pages, num_chunks, K, num_score_chunks,
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     BLOCK: tl.constexpr, NBINS: tl.constexpr, LOW_BITS: tl.constexpr, STEPS: tl.constexpr, WINDOW: tl.constexpr,
-    SCP: tl.constexpr, COARSE_PICK: tl.constexpr = True, PDL: tl.constexpr = False,
+    SCP: tl.constexpr, COARSE_PICK: tl.constexpr = True,
 ):
     """Group key of every contested page as a 23-bit fixed-point log share, plus its top-digit histogram;
     the pair's last program picks the threshold bin b1 from it and leaves the histogram zeroed.
 
     The normalizers come from the score kernel's `num_score_chunks` chunks; this kernel's own page
     ranges (and every later kernel's) are `num_chunks` selection chunks, which may be fewer."""
-    enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         _chunk_keys(scores_ptr, chunk_max_ptr, chunk_sum_ptr, keys_ptr, hist_ptr, pair, chunk, num_pages,
@@ -278,11 +275,10 @@ def _gather_kernel(
     keys_ptr, low_hist_ptr, counts_ptr, cand_low_ptr, cand_page_ptr, seq_lens_ptr, out_ptr,
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, LOW_BITS: tl.constexpr,
-    WINDOW: tl.constexpr, PDL: tl.constexpr = False,
+    WINDOW: tl.constexpr,
 ):
     """Pages above the threshold bin go to the output; pages inside it become the chunk's candidates. The
     pair's last program picks the low-bit threshold b2 and leaves the low histogram zeroed."""
-    enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     if num_pages > K:
         count_row = _count_row(counts_ptr, pair, MAXC)
@@ -332,12 +328,10 @@ def _resolve_kernel(
     num_kv_heads, max_pages, num_chunks, K,
     B: tl.constexpr, MAXC: tl.constexpr, BLOCK: tl.constexpr, K_PAD: tl.constexpr,
     CHUNKS_PAD: tl.constexpr = 128,  # >= num_chunks (a power of two)
-    PDL: tl.constexpr = False,
 ):
     """Candidates above the low-bit threshold go to the output; ties stay, compacted, in the chunk's list;
     the pair's last program takes the first ties it still needs and writes the sorted row. Pages <= k:
     every page, -1 padded (the dense fallback, decided on the device)."""
-    enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     out_row = out_ptr + pair.to(tl.int64) * K
     if num_pages > K:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from ..triton_common import cdiv, enter_dependent, next_pow2
+from ..triton_common import cdiv, next_pow2
 from .chunked import _arrivals, _chunk_keys, _chunk_range, _count_row, _dense_row, _last_to_arrive, _program_pages
 
 MERGE_WARPS = 8
@@ -159,11 +159,10 @@ def _merge_select_kernel(
     G: tl.constexpr, GS: tl.constexpr, MAXC: tl.constexpr, B: tl.constexpr, RULE: tl.constexpr,
     STEPS: tl.constexpr, SCP: tl.constexpr, SUB: tl.constexpr, BLOCK: tl.constexpr,
     CH_PAD: tl.constexpr, KC: tl.constexpr, K_PAD: tl.constexpr, KEY_BITS: tl.constexpr,
-    CHUNK_WAYS: tl.constexpr = 0, TILE_WAYS: tl.constexpr = 0, PDL: tl.constexpr = False,
+    CHUNK_WAYS: tl.constexpr = 0, TILE_WAYS: tl.constexpr = 0,
 ):
     """Each chunk's top-(k-2), then the pair's last program writes its k pages: sink, top-(k-2) ascending, recent."""
     tl.static_assert(BLOCK < 65536 and CH_PAD * KC < 65536)  # _top_ranks packs two counts in 16 bits each
-    enter_dependent(PDL)
     pair, chunk, num_pages = _program_pages(seq_lens_ptr, num_kv_heads, B)
     out_row = out_ptr + pair.to(tl.int64) * K
     if num_pages > K:

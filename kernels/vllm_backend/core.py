@@ -152,8 +152,7 @@ class LocksBuilderMixin:
         self._locks_stock_only = self._locks_layers == 0
         memory.release(vllm_config)  # profiling is over: the KV budget is fixed
         shape = self._locks_shape = decode_shape(vllm_config, kv_cache_spec.head_size, self.locks_settings.locks.selection.page_budget)
-        self._locks_ops = ops_for_device(device, self.locks_settings.select, self.locks_settings.pdl,
-                                         self.locks_settings.scorer_kernel)
+        self._locks_ops = ops_for_device(device, self.locks_settings.select, self.locks_settings.scorer_kernel)
         self._locks_layout = SummaryLayout(self.locks_settings.locks.summary, kv_cache_spec.head_size)
         # Persistent buffers: decode graphs hold their addresses, build() refreshes their contents.
         self._decode_blocks = torch.full((shape.max_seqs,), -1, dtype=torch.int32, device=device)
@@ -412,8 +411,7 @@ class LocksImplMixin:
                 raise RuntimeError("Locks summaries must exist before CUDA-graph capture (an eager warm-up allocates them)")
             if self._layout is None:
                 self._layout = SummaryLayout(self.locks_settings.locks.summary, self.head_size)
-                self._ops = ops_for_device(k_cache.device, self.locks_settings.select, self.locks_settings.pdl,
-                                           self.locks_settings.scorer_kernel)
+                self._ops = ops_for_device(k_cache.device, self.locks_settings.select, self.locks_settings.scorer_kernel)
             self._summary_rows = None
             self._summary_rows = torch.zeros(
                 (k_cache.shape[0], self.num_kv_heads, self._layout.row_bytes), dtype=torch.uint8, device=k_cache.device

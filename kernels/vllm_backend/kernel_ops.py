@@ -195,14 +195,14 @@ class TritonOps:
 
     name = "triton"
 
-    def __init__(self, select: str = SELECT_CHOICES[0], pdl: bool = False, scorer_kernel: str = SCORER_KERNELS[0]) -> None:
+    def __init__(self, select: str = SELECT_CHOICES[0], scorer_kernel: str = SCORER_KERNELS[0]) -> None:
         from .. import ops  # noqa: PLC0415 - CUDA only
         from ..score.pages import DEFAULT_TUNING  # noqa: PLC0415
         from ..score.pages import SCORER_KERNELS as TUNING_OF  # noqa: PLC0415 - name -> ScoreTuning fields
 
         self._ops = ops
         # the launches' tuning: one selection path and scorer for every block-table width the engine has
-        self.tuning = replace(DEFAULT_TUNING, pdl=pdl, select_path=select_path_for(select), **TUNING_OF[scorer_kernel])
+        self.tuning = replace(DEFAULT_TUNING, select_path=select_path_for(select), **TUNING_OF[scorer_kernel])
 
     def workspace(self, shape: DecodeShape, layout: SummaryLayout, device: torch.device) -> Any:
         group = shape.num_q_heads // shape.num_kv_heads
@@ -230,15 +230,14 @@ class TritonOps:
         )
 
     def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace) -> None:
-        self._ops.sparse_paged_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace[1],
-                                      pdl=self.tuning.pdl)
+        self._ops.sparse_paged_decode(q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace[1])
 
 
-def ops_for_device(device: torch.device | str, select: str = SELECT_CHOICES[0], pdl: bool = False,
+def ops_for_device(device: torch.device | str, select: str = SELECT_CHOICES[0],
                    scorer_kernel: str = SCORER_KERNELS[0]) -> KernelOps:
-    """Triton on CUDA (selection kernels `select`, programmatic dependent launch `pdl`, the score kernel's
-    code path `scorer_kernel`), the reference elsewhere."""
-    return TritonOps(select, pdl, scorer_kernel) if torch.device(device).type == "cuda" else ReferenceOps()
+    """Triton on CUDA (selection kernels `select`, the score kernel's code path `scorer_kernel`), the reference
+    elsewhere."""
+    return TritonOps(select, scorer_kernel) if torch.device(device).type == "cuda" else ReferenceOps()
 
 
 def timed_host_ms(fn, *args) -> float:

@@ -34,7 +34,7 @@ KEY_READING_SCORERS: frozenset[str] = frozenset({"oracle", "quest", "centroid"})
 # The logits processor that switches an engine to per-request selection (request_settings.py), by the
 # "module:Class" name vLLM's `logits_processors` accepts.
 REQUEST_SETTINGS_PROCESSOR = "locks_toolkit.kernels.vllm_backend.request_settings:RequestSettings"
-_KEYS = ("format", "budget", "combine", "scorer", "select", "pdl", "scorer_kernel", "crossover", "debug_capture_layers")
+_KEYS = ("format", "budget", "combine", "scorer", "select", "scorer_kernel", "crossover", "debug_capture_layers")
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,6 @@ class BackendSettings:
     select: which Triton selection kernels follow the score kernel (config.SELECT_PATHS), or "auto" (the
     default: the merge path, `config.select_path_for`); the pages are the same on
     every path, only launches and time differ.
-    pdl: the decode kernels use programmatic dependent launch (sm_90; each kernel's programs are
-    scheduled while the previous one finishes). Same results; within 1% in one H200 pair and 2% slower
-    at 32K in another (its kernels wait resident, no launch gap is hidden), so off.
     scorer_kernel: the score kernel's code path (config.SCORER_KERNELS): "cuda" (production: the CUDA kernel
     where it serves the call, r8i4 / d=128 / bf16 / G <= 16 on sm_90, else "transposed"), "transposed" (the
     Triton kernel with query heads as the dots' M), or "pages" (the Triton kernel that serves every format).
@@ -59,7 +56,6 @@ class BackendSettings:
 
     locks: LocksConfig = field(default_factory=LocksConfig)
     select: str = SELECT_CHOICES[0]
-    pdl: bool = False
     scorer_kernel: str = SCORER_KERNELS[0]
     crossover: CrossoverRule = field(default_factory=CrossoverRule)
     debug_capture_layers: tuple[int, ...] = ()
@@ -73,7 +69,7 @@ class BackendSettings:
         sel = self.locks.selection
         return (
             f"scorer={self.locks.scorer} format={self.locks.summary} budget={sel.budget_tokens} "
-            f"(k={sel.page_budget} pages of {sel.page_size}) combine={sel.combine} select={self.select} pdl={self.pdl} "
+            f"(k={sel.page_budget} pages of {sel.page_size}) combine={sel.combine} select={self.select} "
             f"scorer_kernel={self.scorer_kernel} crossover={self.crossover.describe()} "
             f"debug_capture_layers={list(self.debug_capture_layers)}"
         )
@@ -101,9 +97,6 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
     select = raw.get("select", SELECT_CHOICES[0])
     if select not in SELECT_CHOICES:
         raise ConfigError(f"select {select!r} unknown; use one of {', '.join(SELECT_CHOICES)} (the selection kernels' launches)")
-    pdl = raw.get("pdl", False)
-    if not isinstance(pdl, bool):
-        raise ConfigError(f"pdl must be true or false (programmatic dependent launch of the decode kernels), got {pdl!r}")
     scorer_kernel = raw.get("scorer_kernel", SCORER_KERNELS[0])
     if scorer_kernel not in SCORER_KERNELS:
         raise ConfigError(f"scorer_kernel {scorer_kernel!r} unknown; use one of {', '.join(SCORER_KERNELS)} (the score kernel's code path)")
@@ -116,7 +109,7 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
         selection=SelectionConfig(budget_tokens=budget, combine=combine),
         scorer=scorer,
     )
-    return BackendSettings(locks=locks, select=select, pdl=pdl, scorer_kernel=scorer_kernel, crossover=crossover,
+    return BackendSettings(locks=locks, select=select, scorer_kernel=scorer_kernel, crossover=crossover,
                            debug_capture_layers=tuple(layers))
 
 

@@ -137,15 +137,15 @@ def test_arms_come_from_the_registry():
     chunked = get_arm("locks[select=chunked]").engine_kwargs(SparseKnobs(2048, "r8i4", "locks", "share_average"))
     assert chunked["additional_config"]["locks"] == {**locks["additional_config"]["locks"], "select": "chunked"}
     assert parse_settings(chunked["additional_config"]["locks"]).select == "chunked"
-    pdl = get_arm("locks[pdl=true]").engine_kwargs(SparseKnobs(1024, "r4i8", "locks", "group_max"))["additional_config"]["locks"]
-    assert pdl == {"budget": 1024, "format": "r4i8", "scorer": "locks", "combine": "group_max", "pdl": True}
-    assert parse_settings(pdl).pdl and parse_settings(pdl).select == "auto"  # the default
-    both = parse_settings(get_arm("locks[select=chunked, pdl=TRUE]").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
-    assert both.pdl and both.select == "chunked" and both.locks.selection.page_budget == 128
+    pages = get_arm("locks[scorer_kernel=pages]").engine_kwargs(SparseKnobs(1024, "r4i8", "locks", "group_max"))
+    assert pages["additional_config"]["locks"] == {"budget": 1024, "format": "r4i8", "scorer": "locks", "combine": "group_max",
+                                                   "scorer_kernel": "pages"}
+    both = parse_settings(get_arm("locks[select=chunked, scorer_kernel=PAGES]").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
+    assert both.scorer_kernel == "pages" and both.select == "chunked" and both.locks.selection.page_budget == 128
     for kernel in ("pages", "cuda", "transposed"):  # other scorers, same pages
         arm = get_arm(f"locks[scorer_kernel={kernel}]")
         other = parse_settings(arm.engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
-        assert other.scorer_kernel == kernel and other.select == "auto" and not other.pdl
+        assert other.scorer_kernel == kernel and other.select == "auto"
         assert arm.sparse and arm.counters == get_arm("locks").counters and kernel in arm.description
     cpu_one = get_arm("locks-cpu[select=chunked]")
     assert cpu_one.device == "cpu" and cpu_one.environment(SparseKnobs(1024), None)["LOCKS_VLLM_CPU"] == "1"
@@ -158,7 +158,7 @@ def test_arms_come_from_the_registry():
         assert peer_config == {"variant": "fast", "budget_pages": 126, "sink_pages": 1, "window_pages": 1}
     assert peer.environment(SparseKnobs(1024), '{"x": 1}') == {"LOCKS_CONFIG": '{"x": 1}', "VLLM_PLUGINS": "locks"}
     # each engine loads only its arm's plugin: the peer's never sits in the FA3 / FlashInfer / Locks engines
-    for name in ("fa3", "flashinfer", "locks", "locks[select=chunked]", "locks[pdl=true]", "cpu", "locks-cpu"):
+    for name in ("fa3", "flashinfer", "locks", "locks[select=chunked]", "locks[scorer_kernel=pages]", "cpu", "locks-cpu"):
         assert get_arm(name).environment(SparseKnobs(1024), None)["VLLM_PLUGINS"] == "locks_toolkit"
     with pytest.raises(ConfigError, match="unknown"):
         get_arm("sdpa")
@@ -167,12 +167,12 @@ def test_arms_come_from_the_registry():
 @pytest.mark.parametrize("name, message", [
     ("locks[select=three]", "select='three' unknown; use one of auto, merge, chunked"),
     ("locks[scorer_kernel=lean]", "scorer_kernel='lean' unknown; use one of cuda, transposed, pages"),
-    ("locks[pdl=yes]", "pdl='yes' unknown; use one of true, false"),
-    ("locks[budget=64]", "'budget=64' is not KEY=VALUE with KEY one of select, scorer_kernel, pdl"),
+    ("locks[pdl=true]", "'pdl=true' is not KEY=VALUE with KEY one of select, scorer_kernel"),
+    ("locks[budget=64]", "'budget=64' is not KEY=VALUE with KEY one of select, scorer_kernel"),
     ("locks[select]", "'select' is not KEY=VALUE"),
     ("locks[select=merge,select=chunked]", "sets select twice"),
     ("locks[]", "sets nothing"),
-    ("fa3[select=chunked]", "is not of the form locks[select=chunked,pdl=true,scorer_kernel=pages]"),
+    ("fa3[select=chunked]", "is not of the form locks[select=chunked,scorer_kernel=pages]"),
     ("locks[select=chunked", "is not of the form"),
 ])
 def test_a_parametric_arm_names_what_is_wrong(name, message):
@@ -183,11 +183,12 @@ def test_a_parametric_arm_names_what_is_wrong(name, message):
 def test_arm_lists_keep_commas_inside_brackets():
     from locks_toolkit.harness.arms import split_arm_list
 
-    assert split_arm_list("fa3, locks[select=chunked,pdl=true],flashinfer") == ["fa3", "locks[select=chunked,pdl=true]", "flashinfer"]
+    assert split_arm_list("fa3, locks[select=chunked,scorer_kernel=pages],flashinfer") == [
+        "fa3", "locks[select=chunked,scorer_kernel=pages]", "flashinfer"]
     from locks_toolkit.harness.plan import _coerce
 
-    plan = DecodePlan(arms=_coerce("arms", "fa3,locks[select=chunked,pdl=true]"))
-    assert plan.arms == ("fa3", "locks[select=chunked,pdl=true]")
+    plan = DecodePlan(arms=_coerce("arms", "fa3,locks[select=chunked,scorer_kernel=pages]"))
+    assert plan.arms == ("fa3", "locks[select=chunked,scorer_kernel=pages]")
 
 
 def test_dense_bytes_match_a_hand_count():
@@ -266,7 +267,7 @@ def test_batch_prefill_mode_is_checked_and_sizes_the_engine_for_the_survivors():
 def test_a_parametric_arm_gives_plain_file_names():
     from locks_toolkit.harness.arms import arm_file_stem
 
-    assert arm_file_stem("locks[select=chunked,pdl=true]") == "locks-select-chunked-pdl-true"
+    assert arm_file_stem("locks[select=chunked,scorer_kernel=pages]") == "locks-select-chunked-scorer_kernel-pages"
     assert arm_file_stem("locks-cpu") == "locks-cpu"
 
 

@@ -76,7 +76,7 @@ def test_the_bench_times_the_kernels_the_backend_resolves():
     cfg = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,))
     tuning = kb.resolve_tuning(cfg)
     settings = BackendSettings()
-    assert tuning == TritonOps(settings.select, settings.pdl, settings.scorer_kernel).tuning
+    assert tuning == TritonOps(settings.select, settings.scorer_kernel).tuning
     assert tuning.cuda and tuning.transposed and tuning != DEFAULT_TUNING  # not the kernel-level defaults
     assert tuning.select_path == "merge"
     pinned = kb.resolve_tuning(kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,),
@@ -94,7 +94,7 @@ def test_the_record_names_the_score_kernel_that_takes_the_call():
     q = torch.zeros(1, 32, 128, dtype=torch.bfloat16)
     r8i4 = Layout(SummaryFormat.parse("r8i4"), 128)
     rows = torch.zeros(8, 4, r8i4.row_bytes, dtype=torch.uint8)
-    assert kb.kernels_that_run(q, rows, r8i4, 8, tuning) == {"score": "transposed", "select": "merge", "pdl": False}
+    assert kb.kernels_that_run(q, rows, r8i4, 8, tuning) == {"score": "transposed", "select": "merge"}
     r8i8 = Layout(SummaryFormat.parse("r8i8"), 128)
     rows8 = torch.zeros(8, 4, r8i8.row_bytes, dtype=torch.uint8)
     assert kb.kernels_that_run(q, rows8, r8i8, 8, tuning)["score"] == "pages"
@@ -110,11 +110,12 @@ def test_unknown_kernel_settings_are_refused_with_the_choices():
 def test_a_cell_names_only_the_settings_that_differ_from_the_deployed_ones():
     deployed = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,))
     assert kb.kernel_settings(deployed) == {}
-    other = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,), select="chunked", pdl=True)
-    assert kb.kernel_settings(other) == {"select": "chunked", "pdl": True}
+    other = kb.KernelBenchConfig(preset="glm4-9b-1m", contexts=(32768,), batch_sizes=(1,), select="chunked",
+                                scorer_kernel="pages")
+    assert kb.kernel_settings(other) == {"select": "chunked", "scorer_kernel": "pages"}
     from locks_toolkit.reports.kernel import kernel_frame
 
     record = {"schema": "locks.bench.kernel/1", "status": "ok", "us_per_layer": 8.0,
               "cell": {"preset": "glm4-9b-1m", "format": "r8i4", "context_tokens": 1024, "batch_size": 1,
                        "budget_tokens": 256, "stage": "score", **kb.kernel_settings(other)}}
-    assert kernel_frame([record]).iloc[0]["geometry"] == "glm4-9b-1m r8i4 [select=chunked,pdl=true]"
+    assert kernel_frame([record]).iloc[0]["geometry"] == "glm4-9b-1m r8i4 [select=chunked,scorer_kernel=pages]"

@@ -97,7 +97,6 @@ def test_settings_parse_every_key():
     assert "budget=1024" in settings.describe() and "r4i8" in settings.describe()
     assert settings.select == "auto" and parse_settings({"select": "chunked"}).select == "chunked"
     assert "select=chunked" in parse_settings({"select": "chunked"}).describe()
-    assert not settings.pdl and parse_settings({"pdl": True}).pdl and "pdl=True" in parse_settings({"pdl": True}).describe()
     assert settings.scorer_kernel == "cuda" and parse_settings({"scorer_kernel": "pages"}).scorer_kernel == "pages"
     assert "scorer_kernel=pages" in parse_settings({"scorer_kernel": "pages"}).describe()
 
@@ -111,7 +110,7 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
     from locks_toolkit.kernels.vllm_backend.kernel_ops import TritonOps
 
     for name, fields in SCORER_KERNELS.items():
-        ops = TritonOps("chunked", False, name)
+        ops = TritonOps("chunked", name)
         assert ops.tuning == replace(DEFAULT_TUNING, select_path="chunked", **fields)  # the tuning launches use
     assert TritonOps(scorer_kernel="pages").tuning.transposed is False and TritonOps().tuning.transposed
     assert TritonOps().tuning.cuda and not TritonOps(scorer_kernel="transposed").tuning.cuda
@@ -131,7 +130,7 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
         ({"scorer": "moment"}, "not served by the vLLM backend"),
         ({"debug_capture_layers": [-1]}, "debug_capture_layers"),
         ({"select": "two"}, "select 'two' unknown; use one of auto, merge, chunked"),
-        ({"pdl": "yes"}, "pdl must be true or false"),
+        ({"pdl": True}, "unknown key(s) ['pdl']"),
         ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of cuda, transposed, pages"),
         ([1, 2], "must be a dict"),
     ],
