@@ -87,7 +87,7 @@ def _cut_mixing(keys: torch.Tensor, rank: int) -> torch.Tensor:
 def centroid_step(centroid: torch.Tensor, quantized: bool) -> torch.Tensor:
     """One rounding step of a stored centroid [..., d], per page ([..., 1]): the int8 scale (absmax / 127), or for
     a float16 centroid one ulp at its absmax's binade (<= absmax / 1024). The kernel's fp32 sum and the reference's
-    may round one element to neighbouring values (the H200 did so in one of many fresh seeds)."""
+    may round one element to neighbouring values."""
     amax = centroid.abs().amax(-1, keepdim=True)
     return amax / 127 if quantized else amax / 1024
 
