@@ -39,13 +39,14 @@ log = logging.getLogger(__name__)
 
 SCHEMA_PREFETCH_PROBE = "locks.prefetch_probe/1"
 CHUNK = 1 << 16  # bytes per bulk prefetch instruction
-THREADS = 128
+THREADS = 32
 
 SOURCE = rb"""
 extern "C" __global__ void locks_l2_prefetch(const char* base, unsigned long long bytes, int evict_last) {
     unsigned long long policy;
     if (evict_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    for (unsigned long long off = (unsigned long long)threadIdx.x * CHUNK; off < bytes; off += (unsigned long long)blockDim.x * CHUNK) {
+    const unsigned long long threads = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long off = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * CHUNK; off < bytes; off += threads * CHUNK) {
         const unsigned int size = (unsigned int)min((unsigned long long)CHUNK, bytes - off);
         if (evict_last)
             asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" : : "l"(base + off), "r"(size), "l"(policy) : "memory");
@@ -69,7 +70,9 @@ def prefetch(weight: torch.Tensor, nbytes: int, evict_last: bool) -> None:
     """Bulk L2 prefetch of weight's first nbytes (16-byte multiple) on torch's current stream."""
     nbytes = min(nbytes, weight.numel() * weight.element_size()) // 16 * 16
     values = [ctypes.c_void_p(weight.data_ptr()), ctypes.c_ulonglong(nbytes), ctypes.c_int(int(evict_last))]
-    nvrtc.launch(_prefetch_function(weight.device), (1, 1, 1), THREADS, weight.device, values, "l2 prefetch")
+    # One instruction a thread, spread over programs (each SM's copy engine issues its own).
+    programs = max(1, -(-nbytes // (CHUNK * THREADS)))
+    nvrtc.launch(_prefetch_function(weight.device), (programs, 1, 1), THREADS, weight.device, values, "l2 prefetch")
 
 
 def measure(geom, layout, state, batch: int, prefetch_mib: tuple[int, ...], replays: int) -> dict:
