@@ -108,6 +108,7 @@ def register_arm(arm: Arm) -> Arm:
 KERNEL_SETTINGS: dict[str, tuple[str, ...]] = {
     "select": SELECT_CHOICES,
     "scorer_kernel": SCORER_KERNELS,
+    "prefetch": ("true", "false"),
 }
 PARAMETRIC_BASES = ("locks", "locks-cpu")
 ARM_FORM = "locks[select=chunked,scorer_kernel=pages]"
@@ -152,7 +153,7 @@ def _parametric_arm(name: str) -> Arm:
             raise ConfigError(f"arm {name!r}: {key}={value!r} unknown; use one of {', '.join(KERNEL_SETTINGS[key])}")
         if key in settings:
             raise ConfigError(f"arm {name!r} sets {key} twice; give each setting once")
-        settings[key] = value
+        settings[key] = value == "true" if key == "prefetch" else value
     base = ARMS[base_name]
     shown = ", ".join(f"{key}={value}" for key, value in settings.items())
     return Arm(name, base.backend, device=base.device, sparse=True, block_size=base.block_size,

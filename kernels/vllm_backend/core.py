@@ -20,7 +20,8 @@ import torch
 
 from ..build.packing import SummaryLayout
 from ..config import PAGE_SIZE, ConfigError
-from . import counters, debug, memory
+from .. import prefetch
+from . import counters, debug, memory, out_projection
 from .kernel_ops import DecodeShape, key_score_select, ops_for_device, timed_host_ms
 from .settings import BackendSettings, per_request_enabled, settings_from_vllm_config
 from .summary_store import STORE
@@ -306,6 +307,7 @@ class LocksImplMixin:
         self._summary_key: tuple[int, int] | None = None
         self._layout: SummaryLayout | None = None
         self._ops = None
+        self._projection: torch.Tensor | None = None  # prefetched into L2 after each score kernel (settings.prefetch)
 
     # -- subclass hooks -------------------------------------------------------------------------
     def _kv_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -377,6 +379,7 @@ class LocksImplMixin:
             self._ops.score_select(
                 q, summary_rows, block_table, seq_lens, step.selected_pages, self._layout,
                 selection.page_budget, self.scale, selection.combine, self.num_kv_heads, step.workspace,
+                l2_prefetch=self._projection,
             )
         self._ops.sparse_paged_decode(
             q, k_cache, v_cache, block_table, seq_lens, step.selected_pages, self.scale, out, step.workspace
@@ -418,8 +421,22 @@ class LocksImplMixin:
             )
             self._summary_key = key
             self._ops.prepare(self._summary_rows, self._layout, self.num_heads // self.num_kv_heads)
+            self._projection = self._projection_to_prefetch(layer) if self.locks_settings.prefetch else None
         STORE.register(getattr(layer, "layer_name", f"layer@{id(self)}"), k_cache, self._summary_rows)
         return self._summary_rows
+
+    def _projection_to_prefetch(self, layer) -> torch.Tensor | None:
+        """The output projection's weight where the L2 prefetch serves it (its kernel loaded now, before any
+        capture), else None with the reason logged once."""
+        weight = out_projection.projection_weight(layer)
+        if weight is None or not weight.is_cuda:
+            return None
+        why = prefetch.fits(weight)
+        if why is not None:
+            out_projection.decline(f"the prefetch kernel does not serve it: {why}")
+            return None
+        prefetch.load(weight.device)
+        return weight
 
     def _reserve_summary_memory(self, device: torch.device) -> None:
         layout = SummaryLayout(self.locks_settings.locks.summary, self.head_size)

@@ -1,0 +1,87 @@
+"""Bulk L2 prefetch of a tensor's bytes (Hopper `cp.async.bulk.prefetch.L2`), launched on torch's current stream.
+
+The Locks layer's selection and sparse decode are a few latency-bound launches that leave HBM mostly idle for
+~20 µs; the layer's next kernel, the output projection, reads a hidden x hidden weight from HBM. Prefetching that
+weight into L2 right after the score kernel moves its read into the idle window (`harness/lab/prefetch_probe.py`
+measures it). A prefetch is a hint: nothing waits on it and a line evicted before use is simply read again, so it
+can never change a result.
+
+Each thread issues one bulk prefetch of CHUNK bytes, spread over as many programs as that takes (every SM's copy
+engine issues its own); the kernel exits without waiting for the fills.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import threading
+
+import torch
+
+from . import nvrtc
+
+KERNEL_NAME = "locks_l2_prefetch"
+ARCH = "sm_90a"
+CHUNK = 1 << 16  # bytes a bulk prefetch (a 16-byte multiple)
+THREADS = 32
+
+SOURCE = rb"""
+extern "C" __global__ void locks_l2_prefetch(const char* base, unsigned long long bytes) {
+    const unsigned long long off = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * CHUNK;
+    if (off < bytes) {
+        const unsigned int size = (unsigned int)(bytes - off < CHUNK ? bytes - off : CHUNK);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" : : "l"(base + off), "r"(size) : "memory");
+    }
+}
+"""
+
+_FUNCTIONS: dict[int, object] = {}
+_LOCK = threading.Lock()
+
+
+def compile_cubin() -> bytes:
+    """NVRTC: the prefetch kernel -> cubin bytes (no device needed)."""
+    return nvrtc.compile_cubin(SOURCE, "l2_prefetch.cu", [f"--gpu-architecture={ARCH}", f"-DCHUNK={CHUNK}ull"])
+
+
+def fits(tensor: torch.Tensor) -> str | None:
+    """None where `prefetch` serves this tensor, else why not."""
+    if not tensor.is_cuda or torch.cuda.get_device_capability(tensor.device) != (9, 0):
+        return "not an sm_90 device"
+    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None:
+        return "cuda-bindings is not installed (pip install cuda-bindings)"
+    if tensor.data_ptr() % 16:
+        return "not 16-byte aligned"
+    if not tensor.is_contiguous():
+        return "not contiguous"
+    return None
+
+
+def load(device: torch.device) -> object:
+    """The kernel on `device`, compiled and loaded on first use (before any graph capture)."""
+    with _LOCK:
+        if device.index not in _FUNCTIONS:
+            _FUNCTIONS[device.index] = nvrtc.load_function(device, compile_cubin(), KERNEL_NAME)
+        return _FUNCTIONS[device.index]
+
+
+def programs(nbytes: int) -> int:
+    """Programs of THREADS threads for one CHUNK-byte prefetch a thread."""
+    return max(1, -(-nbytes // (CHUNK * THREADS)))
+
+
+def prefetch(tensor: torch.Tensor, nbytes: int | None = None) -> None:
+    """Prefetch the first `nbytes` (default: all, rounded down to 16 bytes) of a contiguous CUDA tensor into L2."""
+    total = tensor.numel() * tensor.element_size()
+    nbytes = (total if nbytes is None else min(nbytes, total)) // 16 * 16
+    if nbytes == 0:
+        return
+    values = [ctypes.c_void_p(tensor.data_ptr()), ctypes.c_ulonglong(nbytes)]
+    nvrtc.launch(load(tensor.device), (programs(nbytes), 1, 1), THREADS, tensor.device, values, "l2 prefetch")
+
+
+@functools.cache
+def l2_bytes(device_index: int) -> int:
+    """The device's L2 size in bytes."""
+    return torch.cuda.get_device_properties(device_index).L2_cache_size
