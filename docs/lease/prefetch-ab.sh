@@ -6,7 +6,7 @@
 #   mkdir -p /tmp/runs && setsid nohup bash docs/lease/prefetch-ab.sh > /tmp/runs/chain-prefetch.log 2>&1 &
 set -u
 source "$(dirname "$0")/chain-env.sh"
-python3 -m locks_toolkit.harness.lab.prefetch_probe --contexts 16k,512k --out /tmp/runs/prefetch-probe.jsonl \
+python3 -m locks_toolkit.harness.lab.prefetch_probe --contexts 512k,32k --batch 1 --out /tmp/runs/prefetch-probe.jsonl \
   > /tmp/runs/prefetch-probe.txt 2>&1 || echo "probe: rc $?"
 A="flashinfer,locks,locks[prefetch=true]"
 $B --arms "$A" --batch 1 --prefill-attention skip --contexts 512k --out /tmp/runs/prefetch-512k.jsonl
