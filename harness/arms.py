@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
-from ..kernels.config import PAGE_SIZE, SCORER_KERNELS, SELECT_CHOICES, ConfigError
+from ..kernels.config import PAGE_SIZE, PREFETCH_MODES, SCORER_KERNELS, SELECT_CHOICES, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def register_arm(arm: Arm) -> Arm:
 KERNEL_SETTINGS: dict[str, tuple[str, ...]] = {
     "select": SELECT_CHOICES,
     "scorer_kernel": SCORER_KERNELS,
-    "prefetch": ("true", "false"),
+    "prefetch": PREFETCH_MODES,
 }
 PARAMETRIC_BASES = ("locks", "locks-cpu")
 ARM_FORM = "locks[select=chunked,scorer_kernel=pages]"
@@ -153,7 +153,7 @@ def _parametric_arm(name: str) -> Arm:
             raise ConfigError(f"arm {name!r}: {key}={value!r} unknown; use one of {', '.join(KERNEL_SETTINGS[key])}")
         if key in settings:
             raise ConfigError(f"arm {name!r} sets {key} twice; give each setting once")
-        settings[key] = value == "true" if key == "prefetch" else value
+        settings[key] = value
     base = ARMS[base_name]
     shown = ", ".join(f"{key}={value}" for key, value in settings.items())
     return Arm(name, base.backend, device=base.device, sparse=True, block_size=base.block_size,

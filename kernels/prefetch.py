@@ -7,7 +7,9 @@ measures it). A prefetch is a hint: nothing waits on it and a line evicted befor
 can never change a result.
 
 Each thread issues one bulk prefetch of CHUNK bytes, spread over as many programs as that takes (every SM's copy
-engine issues its own); the kernel exits without waiting for the fills.
+engine issues its own); the kernel exits without waiting for the fills. `L2Prefetch` launches it on the caller's
+stream (`inline`: one more node between the score kernel and the selection) or on a stream of its own forked there
+and joined after the decode (`side`: a branch beside the selection in a captured graph).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import ctypes
 import functools
 import importlib.util
 import threading
+from dataclasses import dataclass
 
 import torch
 
@@ -85,3 +88,30 @@ def prefetch(tensor: torch.Tensor, nbytes: int | None = None) -> None:
 def l2_bytes(device_index: int) -> int:
     """The device's L2 size in bytes."""
     return torch.cuda.get_device_properties(device_index).L2_cache_size
+
+
+@dataclass
+class L2Prefetch:
+    """One tensor's prefetch, issued after the score kernel and joined after the decode (config.PREFETCH_MODES)."""
+
+    tensor: torch.Tensor
+    stream: torch.cuda.Stream | None = None  # None: inline on the caller's stream
+
+    @classmethod
+    def for_mode(cls, tensor: torch.Tensor, mode: str) -> L2Prefetch:
+        """Load the kernel now (before any graph capture) and, for `side`, make its stream."""
+        load(tensor.device)
+        return cls(tensor, torch.cuda.Stream(tensor.device) if mode == "side" else None)
+
+    def issue(self) -> None:
+        if self.stream is None:
+            prefetch(self.tensor)
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.tensor.device))
+        with torch.cuda.stream(self.stream):
+            prefetch(self.tensor)
+
+    def join(self) -> None:
+        """The caller's stream waits for the side stream (a captured graph must rejoin every stream it forked)."""
+        if self.stream is not None:
+            torch.cuda.current_stream(self.tensor.device).wait_stream(self.stream)

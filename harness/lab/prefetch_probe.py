@@ -6,73 +6,42 @@ After the score kernel a Locks layer runs three latency-bound launches (selectio
 few MB in ~20 µs, while HBM could move ~60-90 MB; the next kernel of the layer, the output projection, reads a
 hidden x hidden bf16 matrix (32 MiB for GLM-4-9B) from HBM at bs1. This probe times, as `locks bench kernel` does
 (a CUDA graph over layer copies, µs per layer), score + select + decode + merge + `F.linear(out, W)` with each copy's
-own W, and the same with a bulk L2 prefetch (`cp.async.bulk.prefetch.L2`, Hopper) of the first PREFETCH bytes of W
-issued right after the score kernel:
-- `inline`: one small prefetch kernel on the layer's stream between the score and the selection;
-- `side`: the same kernel on a second stream forked after the score and joined before the projection;
-and the projection alone (W from HBM) and after an inline prefetch with nothing between (what a full L2 hit buys).
+own W, and the same with the backend's bulk L2 prefetch of W (`kernels/prefetch.py`, settings `prefetch`) issued
+right after the score kernel, of all of W or of its first `--prefetch-mib`:
+- `inline`: the prefetch kernel on the layer's stream between the score and the selection;
+- `side`: the same kernel on a stream forked after the score and joined before the projection;
+and the projection alone (W from HBM) and right after a prefetch of all of W (what a full L2 hit buys).
 A measuring instrument: nothing here is a served path.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
-import json
 import logging
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from ...kernels import nvrtc, ops
+from ...kernels import ops
 from ...kernels.build.packing import SummaryLayout
 from ...kernels.config import SummaryFormat
+from ...kernels.prefetch import L2Prefetch
 from ..bandwidth import copy_bandwidth_bytes_per_s
 from ..provenance import collect
 from ..store import append_record
 from ..workload import format_size, parse_size_list
 from .graph_timing import time_graph
-from .kernel_bench import KernelBenchConfig, _ContextState, resolve_geometry, selection_inputs
+from .kernel_bench import (
+    KernelBenchConfig,
+    _ContextState,
+    resolve_geometry,
+    selection_inputs,
+)
 
 log = logging.getLogger(__name__)
 
 SCHEMA_PREFETCH_PROBE = "locks.prefetch_probe/1"
-CHUNK = 1 << 16  # bytes per bulk prefetch instruction
-THREADS = 32
-
-SOURCE = rb"""
-extern "C" __global__ void locks_l2_prefetch(const char* base, unsigned long long bytes, int evict_last) {
-    unsigned long long policy;
-    if (evict_last) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
-    const unsigned long long threads = (unsigned long long)gridDim.x * blockDim.x;
-    for (unsigned long long off = ((unsigned long long)blockIdx.x * blockDim.x + threadIdx.x) * CHUNK; off < bytes; off += threads * CHUNK) {
-        const unsigned int size = (unsigned int)min((unsigned long long)CHUNK, bytes - off);
-        if (evict_last)
-            asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" : : "l"(base + off), "r"(size), "l"(policy) : "memory");
-        else
-            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" : : "l"(base + off), "r"(size) : "memory");
-    }
-}
-"""
-
-_FUNCTION = {}
-
-
-def _prefetch_function(device: torch.device):
-    if device.index not in _FUNCTION:
-        cubin = nvrtc.compile_cubin(SOURCE, "l2_prefetch.cu", ["--gpu-architecture=sm_90a", f"-DCHUNK={CHUNK}ull"])
-        _FUNCTION[device.index] = nvrtc.load_function(device, cubin, "locks_l2_prefetch")
-    return _FUNCTION[device.index]
-
-
-def prefetch(weight: torch.Tensor, nbytes: int, evict_last: bool) -> None:
-    """Bulk L2 prefetch of weight's first nbytes (16-byte multiple) on torch's current stream."""
-    nbytes = min(nbytes, weight.numel() * weight.element_size()) // 16 * 16
-    values = [ctypes.c_void_p(weight.data_ptr()), ctypes.c_ulonglong(nbytes), ctypes.c_int(int(evict_last))]
-    # One instruction a thread, spread over programs (each SM's copy engine issues its own).
-    programs = max(1, -(-nbytes // (CHUNK * THREADS)))
-    nvrtc.launch(_prefetch_function(weight.device), (programs, 1, 1), THREADS, weight.device, values, "l2 prefetch")
 
 
 def measure(geom, layout, state, batch: int, prefetch_mib: tuple[int, ...], replays: int) -> dict:
@@ -84,42 +53,41 @@ def measure(geom, layout, state, batch: int, prefetch_mib: tuple[int, ...], repl
     dws = ops.decode_workspace(batch, geom.num_q_heads, geom.head_dim, "cuda")
     weights = [torch.randn((hidden, hidden), device="cuda", dtype=torch.bfloat16) * 0.01 for _ in state.rows]
     proj = [torch.empty((batch, hidden), device="cuda", dtype=torch.bfloat16)]
-    side = torch.cuda.Stream()
     n = state.copies
 
-    def layer(mode: str, nbytes: int, evict_last: bool = False):
+    def layer(mode: str, nbytes: int = 0):
+        # each copy's first nbytes of W (a view: the prefetch takes a contiguous tensor's first bytes)
+        fetch = [L2Prefetch.for_mode(w.view(-1)[: (nbytes or w.numel() * 2) // 2], mode) for w in weights]
+
         def fn():
-            for rows, k, v, w in zip(state.rows, state.k, state.v, weights):
+            for rows, k, v, w, p in zip(state.rows, state.k, state.v, weights, fetch):
                 chunks = ops._launch_score(q, rows, bt, seq_lens, layout, scale, geom.num_kv_heads, sws, tuning)
-                if mode == "inline" and nbytes:
-                    prefetch(w, nbytes, evict_last)
-                elif mode == "side" and nbytes:
-                    side.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(side):
-                        prefetch(w, nbytes, evict_last)
+                if mode != "off":
+                    p.issue()
                 ops._launch_select(sws, seq_lens, selected, geom.group, chunks, cfg.combine, k_pages, tuning)
                 ops.sparse_paged_decode(q, k, v, bt, seq_lens, selected, scale, out, dws)
-                if mode == "side" and nbytes:
-                    torch.cuda.current_stream().wait_stream(side)
+                if mode != "off":
+                    p.join()
                 proj[0] = F.linear(out.view(batch, hidden), w)
         return fn
 
-    def projection(nbytes: int):
+    def projection(prefetched: bool):
+        fetch = [L2Prefetch.for_mode(w, "inline") for w in weights]
+
         def fn():
-            for w in weights:
-                if nbytes:
-                    prefetch(w, nbytes, False)
+            for w, p in zip(weights, fetch):
+                if prefetched:
+                    p.issue()
                 proj[0] = F.linear(out.view(batch, hidden), w)
         return fn
 
-    layer("none", 0)()  # compiles and fills the buffers before any capture
-    prefetch(weights[0], CHUNK, True)
+    layer("off")()  # compiles and fills the buffers before any capture
     torch.cuda.synchronize()
-    arms = {"layer": layer("none", 0), "projection": projection(0), "projection_after_prefetch": projection(1 << 40)}
-    for mib in prefetch_mib:
-        arms[f"inline_{mib}"] = layer("inline", mib << 20)
-        arms[f"side_{mib}"] = layer("side", mib << 20)
-        arms[f"inline_{mib}_evict_last"] = layer("inline", mib << 20, True)
+    arms = {"layer": layer("off"), "projection": projection(False), "projection_after_prefetch": projection(True)}
+    for mode in ("inline", "side"):
+        arms[mode] = layer(mode)
+        for mib in prefetch_mib:
+            arms[f"{mode}_{mib}mib"] = layer(mode, mib << 20)
     timings = {}
     for rep in range(2):  # every arm twice, alternating: drift shows as a difference between the runs
         for name, fn in arms.items():
@@ -133,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="glm-4-9b-chat-1m")
     parser.add_argument("--contexts", default="16k,128k,512k")
     parser.add_argument("--batch", default="1")
-    parser.add_argument("--prefetch-mib", default="16,32")
+    parser.add_argument("--prefetch-mib", default="16", help="partial prefetches to time beside the whole weight")
     parser.add_argument("--replays", type=int, default=20)
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)

@@ -73,4 +73,3 @@ def decline(why: str) -> None:
     if why not in _declined:
         _declined.add(why)
         logger.info("Locks: no output-projection prefetch: %s", why)
-    return None

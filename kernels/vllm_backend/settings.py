@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..config import (
+    PREFETCH_MODES,
     SCORER_KERNELS,
     SELECT_CHOICES,
     ConfigError,
@@ -48,9 +49,10 @@ class BackendSettings:
     scorer_kernel: the score kernel's code path (config.SCORER_KERNELS): "cuda" (production: the CUDA kernel
     where it serves the call, r8i4 / d=128 / bf16 / G <= 16 on sm_90, else "transposed"), "transposed" (the
     Triton kernel with query heads as the dots' M), or "pages" (the Triton kernel that serves every format).
-    prefetch: after each layer's score kernel, prefetch the output projection's weight into L2 while the
-    selection and the sparse decode run (`kernels/prefetch.py`, `out_projection.py`; sm_90, plain weights).
-    Results are the same either way.
+    prefetch: "inline" or "side": after each layer's score kernel, prefetch the output projection's weight into L2
+    while the selection and the sparse decode run, from the layer's stream or from a branch beside it
+    (`kernels/prefetch.py`, `out_projection.py`; sm_90, plain weights); "off" (the default) does not. Results are
+    the same in every mode.
     crossover: when a decode step runs exact dense attention because it is cheaper there (`crossover.py`);
     off by default. It applies to engine-wide selection, not to per-request selection (each request's own
     settings decide there).
@@ -61,7 +63,7 @@ class BackendSettings:
     locks: LocksConfig = field(default_factory=LocksConfig)
     select: str = SELECT_CHOICES[0]
     scorer_kernel: str = SCORER_KERNELS[0]
-    prefetch: bool = False
+    prefetch: str = "off"
     crossover: CrossoverRule = field(default_factory=CrossoverRule)
     debug_capture_layers: tuple[int, ...] = ()
 
@@ -105,11 +107,9 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
     scorer_kernel = raw.get("scorer_kernel", SCORER_KERNELS[0])
     if scorer_kernel not in SCORER_KERNELS:
         raise ConfigError(f"scorer_kernel {scorer_kernel!r} unknown; use one of {', '.join(SCORER_KERNELS)} (the score kernel's code path)")
-    prefetch = raw.get("prefetch", False)
-    if isinstance(prefetch, str) and prefetch.lower() in ("true", "false"):
-        prefetch = prefetch.lower() == "true"
-    if not isinstance(prefetch, bool):
-        raise ConfigError(f"prefetch must be true or false, got {prefetch!r}")
+    prefetch = raw.get("prefetch", PREFETCH_MODES[0])
+    if prefetch not in PREFETCH_MODES:
+        raise ConfigError(f"prefetch {prefetch!r} unknown; use one of {', '.join(PREFETCH_MODES)}")
     crossover = CrossoverRule.parse(raw.get("crossover"))
     layers = raw.get("debug_capture_layers", ())
     if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and i >= 0 for i in layers):

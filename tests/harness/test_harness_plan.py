@@ -147,9 +147,9 @@ def test_arms_come_from_the_registry():
         other = parse_settings(arm.engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
         assert other.scorer_kernel == kernel and other.select == "auto"
         assert arm.sparse and arm.counters == get_arm("locks").counters and kernel in arm.description
-    prefetching = get_arm("locks[prefetch=TRUE]").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"]
-    assert prefetching["prefetch"] is True and parse_settings(prefetching).prefetch is True
-    assert parse_settings(get_arm("locks[prefetch=false]").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"]).prefetch is False
+    for mode in ("inline", "side", "off"):
+        prefetching = get_arm(f"locks[prefetch={mode.upper()}]").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"]
+        assert prefetching["prefetch"] == mode and parse_settings(prefetching).prefetch == mode
     cpu_one = get_arm("locks-cpu[select=chunked]")
     assert cpu_one.device == "cpu" and cpu_one.environment(SparseKnobs(1024), None)["LOCKS_VLLM_CPU"] == "1"
     peer = get_arm("locks-kv")
@@ -173,7 +173,7 @@ def test_arms_come_from_the_registry():
     ("locks[pdl=true]", "'pdl=true' is not KEY=VALUE with KEY one of select, scorer_kernel, prefetch"),
     ("locks[budget=64]", "'budget=64' is not KEY=VALUE with KEY one of select, scorer_kernel, prefetch"),
     ("locks[select]", "'select' is not KEY=VALUE"),
-    ("locks[prefetch=yes]", "prefetch='yes' unknown; use one of true, false"),
+    ("locks[prefetch=yes]", "prefetch='yes' unknown; use one of off, inline, side"),
     ("locks[select=merge,select=chunked]", "sets select twice"),
     ("locks[]", "sets nothing"),
     ("fa3[select=chunked]", "is not of the form locks[select=chunked,scorer_kernel=pages]"),

@@ -48,7 +48,7 @@ def _write_checkpoint(model_dir: Path) -> None:
 
 # The sparse engine also asks for the output-projection prefetch: on the CPU nothing is prefetched, but every
 # layer's projection is found (and the tokens must not change).
-SPARSE = {"budget": 32, "prefetch": True}
+SPARSE = {"budget": 32, "prefetch": "side"}
 # One per-request engine (engine budget 4096) serves these settings side by side, each over every prompt.
 PER_REQUEST = ({"scorer": "dense"}, {"scorer": "locks", "budget": 32}, None)
 # The crossover engine (budget 32) runs a step dense while its rows hold at most CROSSOVER_PAGES pages in all:
