@@ -85,9 +85,10 @@ def prefetch(tensor: torch.Tensor, nbytes: int | None = None) -> None:
 
 
 @functools.cache
-def l2_bytes(device_index: int) -> int:
-    """The device's L2 size in bytes."""
-    return torch.cuda.get_device_properties(device_index).L2_cache_size
+def side_stream(device_index: int) -> torch.cuda.Stream:
+    """One prefetch stream a device, shared by every layer (their prefetches never overlap: each is joined within
+    its layer)."""
+    return torch.cuda.Stream(device_index)
 
 
 @dataclass
@@ -101,7 +102,7 @@ class L2Prefetch:
     def for_mode(cls, tensor: torch.Tensor, mode: str) -> L2Prefetch:
         """Load the kernel now (before any graph capture) and, for `side`, make its stream."""
         load(tensor.device)
-        return cls(tensor, torch.cuda.Stream(tensor.device) if mode == "side" else None)
+        return cls(tensor, side_stream(tensor.device.index) if mode == "side" else None)
 
     def issue(self) -> None:
         if self.stream is None:

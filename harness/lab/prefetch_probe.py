@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        print("error: the prefetch probe needs an sm_90 GPU (H100 / H200): run it through docs/lease/prefetch-ab.sh",
+              file=sys.stderr)
+        return 2
     geom = resolve_geometry(args.preset)
     layout = SummaryLayout(SummaryFormat.parse("r8i4"), geom.head_dim)
     provenance = collect(" ".join(sys.argv), schema=SCHEMA_PREFETCH_PROBE)
