@@ -29,14 +29,14 @@ from ...kernels.config import SummaryFormat
 from ...kernels.prefetch import L2Prefetch
 from ..bandwidth import copy_bandwidth_bytes_per_s
 from ..provenance import collect
-from ..store import append_record
 from ..workload import format_size, parse_size_list
 from .graph_timing import time_graph
 from .kernel_bench import (
     KernelBenchConfig,
-    _ContextState,
+    add_sweep_arguments,
     resolve_geometry,
     selection_inputs,
+    sweep_contexts,
 )
 
 log = logging.getLogger(__name__)
@@ -44,8 +44,8 @@ log = logging.getLogger(__name__)
 SCHEMA_PREFETCH_PROBE = "locks.prefetch_probe/1"
 
 
-def measure(geom, layout, state, batch: int, prefetch_mib: tuple[int, ...], replays: int) -> dict:
-    cfg = KernelBenchConfig(preset=geom.name, contexts=(state.seq_len - 1,), batch_sizes=(batch,))
+def measure(geom, layout, state, batch: int, prefetch_mib: tuple[int, ...], replays: int, budget: int) -> dict:
+    cfg = KernelBenchConfig(preset=geom.name, contexts=(state.seq_len - 1,), batch_sizes=(batch,), budget_tokens=budget)
     q, bt, seq_lens, selected, sws, tuning, k_pages = selection_inputs(cfg, geom, layout, state, batch)
     scale = geom.head_dim**-0.5
     hidden = geom.num_q_heads * geom.head_dim
@@ -98,12 +98,8 @@ def measure(geom, layout, state, batch: int, prefetch_mib: tuple[int, ...], repl
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="glm-4-9b-chat-1m")
-    parser.add_argument("--contexts", default="16k,128k,512k")
-    parser.add_argument("--batch", default="1")
+    add_sweep_arguments(parser, contexts="16k,128k,512k", batch="1")
     parser.add_argument("--prefetch-mib", default="16", help="partial prefetches to time beside the whole weight")
-    parser.add_argument("--replays", type=int, default=20)
-    parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
@@ -112,24 +108,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     geom = resolve_geometry(args.preset)
     layout = SummaryLayout(SummaryFormat.parse("r8i4"), geom.head_dim)
-    provenance = collect(" ".join(sys.argv), schema=SCHEMA_PREFETCH_PROBE)
-    bandwidth = copy_bandwidth_bytes_per_s()
-    gen = torch.Generator().manual_seed(0)
-    batches = tuple(int(b) for b in args.batch.split(","))
     mibs = tuple(int(m) for m in args.prefetch_mib.split(","))
-    for context in parse_size_list(args.contexts):
-        state = _ContextState(geom, layout, context, max(batches), gen)
-        for batch in batches:
-            result = measure(geom, layout, state, batch, mibs, args.replays)
-            record = {"schema": SCHEMA_PREFETCH_PROBE, "provenance": provenance, "copy_bandwidth_bytes_per_s": bandwidth,
-                      "cell": {"context": context, "batch": batch, "preset": geom.name}, **result}
-            if args.out:
-                append_record(args.out, record)
-            t = result["timings_us"]
-            line = " ".join(f"{name}={'/'.join(str(x) for x in v)}" for name, v in t.items())
-            print(f"{format_size(context)} bs{batch}: {line}", flush=True)
-        del state
-        torch.cuda.empty_cache()
+
+    def measure_cell(state, batch: int) -> list[dict]:
+        result = measure(geom, layout, state, batch, mibs, args.replays, args.budget)
+        line = " ".join(f"{name}={'/'.join(str(x) for x in v)}" for name, v in result["timings_us"].items())
+        print(f"{format_size(state.seq_len - 1)} bs{batch}: {line}", flush=True)
+        return [{"schema": SCHEMA_PREFETCH_PROBE, "copy_bandwidth_bytes_per_s": bandwidth,
+                 "cell": {"context": state.seq_len - 1, "batch": batch, "preset": geom.name}, **result}]
+
+    bandwidth = copy_bandwidth_bytes_per_s()
+    sweep_contexts(geom, layout, parse_size_list(args.contexts), tuple(int(b) for b in args.batch.split(",")),
+                   collect(" ".join(sys.argv), schema=SCHEMA_PREFETCH_PROBE), args.out, measure_cell)
     return 0
 
 
