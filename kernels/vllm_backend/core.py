@@ -440,6 +440,7 @@ class LocksImplMixin:
         if why is not None:
             out_projection.decline(f"the prefetch kernel does not serve it: {why}")
             return None
+        out_projection.announce(layer, weight, mode)
         return prefetch.L2Prefetch.for_mode(weight, mode)
 
     def _reserve_summary_memory(self, device: torch.device) -> None:

@@ -14,7 +14,8 @@ import weakref
 
 import torch
 
-logger = logging.getLogger(__name__)
+# vLLM's log stream carries the "vllm" namespace only (core.py's ACTIVE line goes the same way)
+logger = logging.getLogger("vllm.locks")
 
 _PARENT_ATTR = "_locks_parent"
 _installed = False
@@ -22,6 +23,7 @@ _installed = False
 # process (its weight may still be declined: vLLM's CPU linear layers keep theirs packed, with an empty `weight`)
 RESOLVED: dict[str, str] = {}
 _declined: set[str] = set()
+_announced: set[str] = set()
 
 
 def install() -> None:
@@ -66,6 +68,15 @@ def projection_weight(layer: torch.nn.Module) -> torch.Tensor | None:
         shown = f"{weight.dtype} {tuple(weight.shape)}" if isinstance(weight, torch.Tensor) else type(weight).__name__
         return decline(f"{type(parent).__name__}.{name}.weight is {shown}, not a floating-point matrix (a quantized or packed layer)")
     return weight
+
+
+def announce(layer: torch.nn.Module, weight: torch.Tensor, mode: str) -> None:
+    """Log once per projection name and mode that its weight is prefetched."""
+    line = f"{RESOLVED.get(getattr(layer, 'layer_name', ''), 'the projection')} ({mode})"
+    if line not in _announced:
+        _announced.add(line)
+        logger.info("Locks: prefetching each layer's output projection %s into L2 after its score kernel: %.1f MiB",
+                    line, weight.numel() * weight.element_size() / 2**20)
 
 
 def decline(why: str) -> None:

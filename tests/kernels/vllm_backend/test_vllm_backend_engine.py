@@ -191,10 +191,12 @@ def test_the_crossover_runs_the_short_steps_dense_and_counts_them_apart_from_fal
 
 
 def test_the_prefetch_setting_finds_every_layers_output_projection(engine_runs):
-    _, dense_run, sparse_run, _, _, _ = engine_runs
+    _, dense_run, sparse_run, log, _, _ = engine_runs
     layers = TINY_LLAMA["num_hidden_layers"]
     assert sparse_run["projections"] == {f"model.layers.{i}.self_attn.attn": "o_proj" for i in range(layers)}
     assert dense_run["projections"] == {}  # the setting is off by default
+    # vLLM's CPU linear layers keep their weight packed: the engine says so in its log and prefetches nothing
+    assert "no output-projection prefetch: LlamaAttention.o_proj.weight is torch.float32 (0,)" in log
 
 
 def test_a_bad_per_request_setting_is_refused_with_the_allowed_scorers(engine_runs):
