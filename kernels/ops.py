@@ -329,14 +329,13 @@ def _launch_select(ws, seq_lens, selected_pages, group, score_chunks, combine, p
     num_seqs, num_kv_heads, _ = selected_pages.shape
     pairs = num_seqs * num_kv_heads
     chunks = max(1, min(score_chunks, tuning.select_chunks))
-    pick = dict(COARSE_PICK=tuning.coarse_pick)
     common = dict(B=PAGE_SIZE, MAXC=_ss.MAX_CHUNKS, NBINS=_sel.HIST_BINS, LOW_BITS=_sel.LOW_BITS)
     sizes = (num_kv_heads, ws.max_pages, chunks, page_budget)
     keys = dict(G=group, GS=ws.group_slots, RULE=_sel.COMBINE_CODES[combine], BLOCK=_sel.KEYS_BLOCK,
                 STEPS=_sel.KEY_STEPS_PER_UNIT, WINDOW=_sel.AGG_WINDOW, SCP=next_pow2(score_chunks), **common)
     _sel._keys_kernel[(pairs, chunks)](
         ws.scores, ws.chunk_max, ws.chunk_sum, ws.keys, ws.hist, ws.counts, seq_lens, *sizes, score_chunks,
-        num_warps=_sel.KEYS_WARPS, **keys, **pick,
+        num_warps=_sel.KEYS_WARPS, COARSE_PICK=tuning.coarse_pick, **keys,
     )
     _sel._gather_kernel[(pairs, chunks)](
         ws.keys, ws.low_hist, ws.counts, ws.cand_low, ws.cand_page, seq_lens, selected_pages, *sizes,

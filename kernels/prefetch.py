@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.util
 import threading
 from dataclasses import dataclass
 
@@ -52,7 +51,7 @@ def fits(tensor: torch.Tensor) -> str | None:
     """None where `prefetch` serves this tensor, else why not."""
     if not tensor.is_cuda or torch.cuda.get_device_capability(tensor.device) != (9, 0):
         return "not an sm_90 device"
-    if importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None:
+    if not nvrtc.has_cuda_bindings():
         return "cuda-bindings is not installed (pip install cuda-bindings)"
     if tensor.data_ptr() % 16:
         return "not 16-byte aligned"
@@ -74,10 +73,9 @@ def programs(nbytes: int) -> int:
     return max(1, -(-nbytes // (CHUNK * THREADS)))
 
 
-def prefetch(tensor: torch.Tensor, nbytes: int | None = None) -> None:
-    """Prefetch the first `nbytes` (default: all, rounded down to 16 bytes) of a contiguous CUDA tensor into L2."""
-    total = tensor.numel() * tensor.element_size()
-    nbytes = (total if nbytes is None else min(nbytes, total)) // 16 * 16
+def prefetch(tensor: torch.Tensor) -> None:
+    """Prefetch a contiguous CUDA tensor's bytes (rounded down to 16) into L2; a prefix of a tensor is a view of it."""
+    nbytes = tensor.numel() * tensor.element_size() // 16 * 16
     if nbytes == 0:
         return
     values = [ctypes.c_void_p(tensor.data_ptr()), ctypes.c_ulonglong(nbytes)]
