@@ -63,7 +63,7 @@ class BackendSettings:
     locks: LocksConfig = field(default_factory=LocksConfig)
     select: str = SELECT_CHOICES[0]
     scorer_kernel: str = SCORER_KERNELS[0]
-    prefetch: str = "off"
+    prefetch: str = PREFETCH_MODES[0]
     crossover: CrossoverRule = field(default_factory=CrossoverRule)
     debug_capture_layers: tuple[int, ...] = ()
 
