@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
-from ..kernels.config import PAGE_SIZE, PREFETCH_MODES, SCORER_KERNELS, SELECT_CHOICES, ConfigError
+from ..kernels.config import PAGE_SIZE, SCORER_KERNELS, SELECT_CHOICES, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,6 @@ def register_arm(arm: Arm) -> Arm:
 KERNEL_SETTINGS: dict[str, tuple[str, ...]] = {
     "select": SELECT_CHOICES,
     "scorer_kernel": SCORER_KERNELS,
-    "prefetch": PREFETCH_MODES,
 }
 PARAMETRIC_BASES = ("locks", "locks-cpu")
 ARM_FORM = "locks[select=chunked,scorer_kernel=pages]"

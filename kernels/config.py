@@ -107,8 +107,6 @@ def select_path_for(select: str) -> str:
 # heads as the dots' M, V^T q never leaves registers, 2-page tiles: `triton/score_t.py`; -0.25 ms), "pages"
 # (pages x basis columns as M: `triton/score_select.py`, the one that serves every format and head size).
 SCORER_KERNELS: tuple[str, ...] = ("cuda", "transposed", "pages")
-# When the backend prefetches the output projection's weight into L2 (kernels/prefetch.py), the default first.
-PREFETCH_MODES: tuple[str, ...] = ("off", "inline", "side")
 
 
 @dataclass(frozen=True)

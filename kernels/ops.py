@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from . import prefetch as _prefetch
 from .build import kernel as _build
 from .build.packing import SummaryLayout
 from .config import PAGE_SIZE, check_combine_rule
@@ -169,11 +168,8 @@ def score_select(
     *,
     workspace: ScoreSelectWorkspace,
     tuning: _ss.ScoreTuning = _ss.DEFAULT_TUNING,
-    l2_prefetch: _prefetch.L2Prefetch | None = None,
 ) -> None:
-    """q [S, Hq, d], rows uint8 [NB, Hkv, row_bytes], block_table int32 [S, maxP], seq_lens int32 [S] -> writes selected_pages int32 [S, Hkv, k] (logical ids ascending, -1 padded).
-    l2_prefetch: issued between the score kernel and the selection (`prefetch.py`: the next projection's weight into
-    L2); the caller joins it after the decode."""
+    """q [S, Hq, d], rows uint8 [NB, Hkv, row_bytes], block_table int32 [S, maxP], seq_lens int32 [S] -> writes selected_pages int32 [S, Hkv, k] (logical ids ascending, -1 padded)."""
     num_seqs, num_q_heads, head_dim = q.shape
     num_kv_heads = summary_rows.shape[1] if num_kv_heads is None else num_kv_heads
     check_combine_rule(combine)
@@ -196,8 +192,6 @@ def score_select(
           f"S*Hkv={num_seqs * num_kv_heads}, max_pages={block_table.shape[1]}, G={group} (slots: a power of two >= G); "
           "rebuild it with score_select_workspace(max_num_seqs, Hkv, max_pages, device, group_size=G)")
     chunks = _launch_score(q, summary_rows, block_table, seq_lens, layout, scale, num_kv_heads, ws, tuning)
-    if l2_prefetch is not None:
-        l2_prefetch.issue()
     _launch_select(ws, seq_lens, selected_pages, group, chunks, combine, page_budget, tuning, table_pages=block_table.shape[1])
 
 

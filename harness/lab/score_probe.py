@@ -72,9 +72,6 @@ VARIANTS = (
     # 20 warps an SM (registers capped at 102; G <= 8 needs 100) and a fifth program an SM: more warps to overlap
     # one warp's arithmetic with another's loads
     ProbeVariant("warps_20", (("MIN_WARPS_PER_SM", 20),), chunk_factor=1.25),
-    # the coefficients converted off the MUFU pipe (PRMT + I2FP for I2F.S8): the same scores, 16 fewer MUFU-pipe
-    # conversions a tile
-    ProbeVariant("coef_i2fp", (("COEF_I2FP", 1),)),
 )
 
 

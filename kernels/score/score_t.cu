@@ -64,12 +64,6 @@
 #ifndef SCORE_PROBE
 #define SCORE_PROBE 0
 #endif
-// 1: each coefficient byte is sign-extended by a PRMT and converted by I2FP (an ALU-pipe conversion) instead of
-// I2F.S8, which shares the MUFU pipe with the epilogue's ex2 and lg2. The same values (int8 is exact in fp32); a
-// score probe variant until it is timed (harness/lab/score_probe.py, "coef_i2fp").
-#ifndef COEF_I2FP
-#define COEF_I2FP 0
-#endif
 
 typedef unsigned int u32;
 typedef unsigned short u16;
@@ -444,13 +438,8 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
                 const u32 c = coef[p][u];
-#if COEF_I2FP
-                const u32 b0 = __float_as_uint((float)(int)prmt(c, 0u, 0x8880u));  // byte 0, its sign bit replicated
-                const u32 b1 = __float_as_uint((float)(int)prmt(c, 0u, 0x9991u));  // byte 1
-#else
                 const u32 b0 = __float_as_uint((float)(signed char)(c & 0xFFu));
                 const u32 b1 = __float_as_uint((float)(signed char)(c >> 8));
-#endif
                 float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 const float ts0 = half_to_float(tok_scale_h[p][2 * u]);
                 const float ts1 = half_to_float(tok_scale_h[p][2 * u + 1]);

@@ -18,10 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import prefetch
 from ..build.packing import SummaryLayout
 from ..config import PAGE_SIZE, ConfigError
-from . import counters, debug, memory, out_projection
+from . import counters, debug, memory
 from .kernel_ops import DecodeShape, key_score_select, ops_for_device, timed_host_ms
 from .settings import BackendSettings, per_request_enabled, settings_from_vllm_config
 from .summary_store import STORE
@@ -307,7 +306,6 @@ class LocksImplMixin:
         self._summary_key: tuple[int, int] | None = None
         self._layout: SummaryLayout | None = None
         self._ops = None
-        self._projection: prefetch.L2Prefetch | None = None  # its weight into L2 after each score kernel (settings.prefetch)
 
     # -- subclass hooks -------------------------------------------------------------------------
     def _kv_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,24 +368,19 @@ class LocksImplMixin:
         out = output[:n].view(n, self.num_heads, self.head_size)
         block_table, seq_lens = md.block_table[:n], md.seq_lens[:n]
         selection = self.locks_settings.locks.selection
-        fetch = None  # the output projection's prefetch, where this step issues it (settings.prefetch)
         if self.locks_settings.reads_keys:
             key_score_select(
                 self.locks_settings.locks.scorer, q, k_cache, block_table, seq_lens, step.selected_pages,
                 selection.page_budget, self.scale, selection.combine, self.num_kv_heads,
             )
         else:
-            fetch = self._projection
             self._ops.score_select(
                 q, summary_rows, block_table, seq_lens, step.selected_pages, self._layout,
                 selection.page_budget, self.scale, selection.combine, self.num_kv_heads, step.workspace,
-                l2_prefetch=fetch,
             )
         self._ops.sparse_paged_decode(
             q, k_cache, v_cache, block_table, seq_lens, step.selected_pages, self.scale, out, step.workspace
         )
-        if fetch is not None:
-            fetch.join()
         if self.locks_settings.debug_capture_layers and not _capturing(q):
             name = getattr(layer, "layer_name", "")
             if debug.layer_index(name) in self.locks_settings.debug_capture_layers:
@@ -425,23 +418,8 @@ class LocksImplMixin:
             )
             self._summary_key = key
             self._ops.prepare(self._summary_rows, self._layout, self.num_heads // self.num_kv_heads)
-            self._projection = (self._projection_to_prefetch(layer, self.locks_settings.prefetch)
-                                if self.locks_settings.prefetch != "off" else None)
         STORE.register(getattr(layer, "layer_name", f"layer@{id(self)}"), k_cache, self._summary_rows)
         return self._summary_rows
-
-    def _projection_to_prefetch(self, layer, mode: str) -> prefetch.L2Prefetch | None:
-        """The output projection's weight's prefetch where the L2 prefetch serves it (its kernel loaded now, before
-        any capture), else None with the reason logged once."""
-        weight = out_projection.projection_weight(layer)
-        if weight is None or not weight.is_cuda:
-            return None
-        why = prefetch.fits(weight)
-        if why is not None:
-            out_projection.decline(f"the prefetch kernel does not serve it: {why}")
-            return None
-        out_projection.announce(layer, weight, mode)
-        return prefetch.L2Prefetch.for_mode(weight, mode)
 
     def _reserve_summary_memory(self, device: torch.device) -> None:
         layout = SummaryLayout(self.locks_settings.locks.summary, self.head_size)

@@ -53,10 +53,8 @@ class KernelOps(Protocol):
     def build_summaries_layers(self, tables, block_ids: torch.Tensor, layout: SummaryLayout) -> None:
         """build_summaries of the same block_ids on every layer of `tables`."""
 
-    def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace,
-                     l2_prefetch=None) -> None:  # fmt: skip
-        """q [S, Hq, d] -> selected_pages int32 [S, Hkv, k] (logical page ids, -1 pad); l2_prefetch: a weight to
-        prefetch into L2 after the score kernel (a hint: ignored where there is no such kernel)."""
+    def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace) -> None:
+        """q [S, Hq, d] -> selected_pages int32 [S, Hkv, k] (logical page ids, -1 pad)."""
 
     def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace) -> None:
         """q [S, Hq, d] -> out [S, Hq, d]: attention over the selected pages only."""
@@ -94,8 +92,7 @@ class ReferenceOps:
         for k_cache, rows in tables:
             self.build_summaries(k_cache, block_ids, rows, layout)
 
-    def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace=None,
-                     l2_prefetch=None) -> None:  # fmt: skip
+    def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace=None) -> None:
         def summary_scores(row: int, blocks: torch.Tensor, grouped_q: torch.Tensor) -> torch.Tensor:
             summaries = unpack_summaries(summary_rows[blocks].transpose(0, 1), layout)  # [Hkv, P, ...]
             return summary_page_scores(grouped_q, summaries, scale)
@@ -226,11 +223,10 @@ class TritonOps:
     def build_summaries_layers(self, tables, block_ids, layout) -> None:
         self._ops.build_summaries_layers(tables, block_ids, layout)
 
-    def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace,
-                     l2_prefetch=None) -> None:  # fmt: skip
+    def score_select(self, q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads, workspace) -> None:
         self._ops.score_select(
             q, summary_rows, block_table, seq_lens, selected_pages, layout, page_budget, scale, combine, num_kv_heads,
-            workspace=workspace[0], tuning=self.tuning, l2_prefetch=l2_prefetch,
+            workspace=workspace[0], tuning=self.tuning,
         )
 
     def sparse_paged_decode(self, q, k_cache, v_cache, block_table, seq_lens, selected_pages, scale, out, workspace) -> None:

@@ -19,14 +19,10 @@ CPU_OPT_IN_ENV = "LOCKS_VLLM_CPU"
 
 
 def register() -> None:
-    """Put the Locks backend under AttentionBackendEnum.CUSTOM (and CPU_ATTN when opted in), and remember each
-    attention module's parent for the output-projection prefetch (out_projection.py; before any model is built)."""
+    """Put the Locks backend under AttentionBackendEnum.CUSTOM (and CPU_ATTN when opted in)."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend  # noqa: PLC0415
 
-    from . import out_projection  # noqa: PLC0415
-
     register_backend(AttentionBackendEnum.CUSTOM, CUDA_BACKEND_PATH)
-    out_projection.install()
     if os.environ.get(CPU_OPT_IN_ENV) == "1" and _on_cpu_platform():
         register_backend(AttentionBackendEnum.CPU_ATTN, CPU_BACKEND_PATH)
         logger.info("Locks: %s=1, CPU_ATTN resolves to %s", CPU_OPT_IN_ENV, CPU_BACKEND_PATH)

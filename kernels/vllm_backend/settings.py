@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..config import (
-    PREFETCH_MODES,
     SCORER_KERNELS,
     SELECT_CHOICES,
     ConfigError,
@@ -35,8 +34,7 @@ KEY_READING_SCORERS: frozenset[str] = frozenset({"oracle", "quest", "centroid"})
 # The logits processor that switches an engine to per-request selection (request_settings.py), by the
 # "module:Class" name vLLM's `logits_processors` accepts.
 REQUEST_SETTINGS_PROCESSOR = "locks_toolkit.kernels.vllm_backend.request_settings:RequestSettings"
-_KEYS = ("format", "budget", "combine", "scorer", "select", "scorer_kernel", "prefetch", "crossover",
-         "debug_capture_layers")
+_KEYS = ("format", "budget", "combine", "scorer", "select", "scorer_kernel", "crossover", "debug_capture_layers")
 
 
 @dataclass(frozen=True)
@@ -49,10 +47,6 @@ class BackendSettings:
     scorer_kernel: the score kernel's code path (config.SCORER_KERNELS): "cuda" (production: the CUDA kernel
     where it serves the call, r8i4 / d=128 / bf16 / G <= 16 on sm_90, else "transposed"), "transposed" (the
     Triton kernel with query heads as the dots' M), or "pages" (the Triton kernel that serves every format).
-    prefetch: "inline" or "side": after each layer's score kernel, prefetch the output projection's weight into L2
-    while the selection and the sparse decode run, from the layer's stream or from a branch beside it
-    (`kernels/prefetch.py`, `out_projection.py`; sm_90, plain weights); "off" (the default) does not. Results are
-    the same in every mode.
     crossover: when a decode step runs exact dense attention because it is cheaper there (`crossover.py`);
     off by default. It applies to engine-wide selection, not to per-request selection (each request's own
     settings decide there).
@@ -63,7 +57,6 @@ class BackendSettings:
     locks: LocksConfig = field(default_factory=LocksConfig)
     select: str = SELECT_CHOICES[0]
     scorer_kernel: str = SCORER_KERNELS[0]
-    prefetch: str = PREFETCH_MODES[0]
     crossover: CrossoverRule = field(default_factory=CrossoverRule)
     debug_capture_layers: tuple[int, ...] = ()
 
@@ -77,7 +70,7 @@ class BackendSettings:
         return (
             f"scorer={self.locks.scorer} format={self.locks.summary} budget={sel.budget_tokens} "
             f"(k={sel.page_budget} pages of {sel.page_size}) combine={sel.combine} select={self.select} "
-            f"scorer_kernel={self.scorer_kernel} prefetch={self.prefetch} crossover={self.crossover.describe()} "
+            f"scorer_kernel={self.scorer_kernel} crossover={self.crossover.describe()} "
             f"debug_capture_layers={list(self.debug_capture_layers)}"
         )
 
@@ -107,9 +100,6 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
     scorer_kernel = raw.get("scorer_kernel", SCORER_KERNELS[0])
     if scorer_kernel not in SCORER_KERNELS:
         raise ConfigError(f"scorer_kernel {scorer_kernel!r} unknown; use one of {', '.join(SCORER_KERNELS)} (the score kernel's code path)")
-    prefetch = raw.get("prefetch", PREFETCH_MODES[0])
-    if prefetch not in PREFETCH_MODES:
-        raise ConfigError(f"prefetch {prefetch!r} unknown; use one of {', '.join(PREFETCH_MODES)}")
     crossover = CrossoverRule.parse(raw.get("crossover"))
     layers = raw.get("debug_capture_layers", ())
     if not isinstance(layers, (list, tuple)) or not all(isinstance(i, int) and i >= 0 for i in layers):
@@ -119,7 +109,7 @@ def parse_settings(raw: Mapping[str, Any] | None) -> BackendSettings:
         selection=SelectionConfig(budget_tokens=budget, combine=combine),
         scorer=scorer,
     )
-    return BackendSettings(locks=locks, select=select, scorer_kernel=scorer_kernel, prefetch=prefetch, crossover=crossover,
+    return BackendSettings(locks=locks, select=select, scorer_kernel=scorer_kernel, crossover=crossover,
                            debug_capture_layers=tuple(layers))
 
 

@@ -147,9 +147,6 @@ def test_arms_come_from_the_registry():
         other = parse_settings(arm.engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"])
         assert other.scorer_kernel == kernel and other.select == "auto"
         assert arm.sparse and arm.counters == get_arm("locks").counters and kernel in arm.description
-    for mode in ("inline", "side", "off"):
-        prefetching = get_arm(f"locks[prefetch={mode.upper()}]").engine_kwargs(SparseKnobs(2048))["additional_config"]["locks"]
-        assert prefetching["prefetch"] == mode and parse_settings(prefetching).prefetch == mode
     cpu_one = get_arm("locks-cpu[select=chunked]")
     assert cpu_one.device == "cpu" and cpu_one.environment(SparseKnobs(1024), None)["LOCKS_VLLM_CPU"] == "1"
     peer = get_arm("locks-kv")
@@ -170,10 +167,9 @@ def test_arms_come_from_the_registry():
 @pytest.mark.parametrize("name, message", [
     ("locks[select=three]", "select='three' unknown; use one of auto, merge, chunked"),
     ("locks[scorer_kernel=lean]", "scorer_kernel='lean' unknown; use one of cuda, transposed, pages"),
-    ("locks[pdl=true]", "'pdl=true' is not KEY=VALUE with KEY one of select, scorer_kernel, prefetch"),
-    ("locks[budget=64]", "'budget=64' is not KEY=VALUE with KEY one of select, scorer_kernel, prefetch"),
+    ("locks[pdl=true]", "'pdl=true' is not KEY=VALUE with KEY one of select, scorer_kernel"),
+    ("locks[budget=64]", "'budget=64' is not KEY=VALUE with KEY one of select, scorer_kernel"),
     ("locks[select]", "'select' is not KEY=VALUE"),
-    ("locks[prefetch=yes]", "prefetch='yes' unknown; use one of off, inline, side"),
     ("locks[select=merge,select=chunked]", "sets select twice"),
     ("locks[]", "sets nothing"),
     ("fa3[select=chunked]", "is not of the form locks[select=chunked,scorer_kernel=pages]"),

@@ -41,19 +41,6 @@ def test_twenty_warps_an_sm_fit_the_register_cap_at_g8():
     assert report["loop_mma"] == 48
 
 
-@pytest.mark.parametrize("rows_per_lane", [1, 2])
-def test_the_coefficient_variant_converts_off_the_mufu_pipe(rows_per_lane):
-    """coef_i2fp: no I2F left in the tile loop (16 I2F.S8 deployed), one I2FP a coefficient instead, within the
-    register cap and the deployed loop's length."""
-    by_name = {v.name: v for v in VARIANTS}
-    deployed = compile_report.cuda_score_report(rows_per_lane)
-    variant = compile_report.cuda_score_report(rows_per_lane, defines=by_name["coef_i2fp"].defines)
-    assert deployed["loop_opcodes"].get("I2F") == 16 and "I2F" not in variant["loop_opcodes"]
-    assert variant["loop_opcodes"]["I2FP"] == deployed["loop_opcodes"]["I2FP"] + 16
-    assert variant["loop_instructions"] <= deployed["loop_instructions"] and variant["loop_spill_accesses"] == 0
-    assert variant["registers"] <= 65536 // (32 * 16)
-
-
 def test_score_grid_fills_one_wave_of_program_slots():
     """132 SMs x 4 programs: 4 pairs (512K bs1) get 132 programs each, 64 pairs (32K x 16) 8, and a short table
     no more than one 16-page step per program."""

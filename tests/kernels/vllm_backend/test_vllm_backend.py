@@ -99,8 +99,6 @@ def test_settings_parse_every_key():
     assert "select=chunked" in parse_settings({"select": "chunked"}).describe()
     assert settings.scorer_kernel == "cuda" and parse_settings({"scorer_kernel": "pages"}).scorer_kernel == "pages"
     assert "scorer_kernel=pages" in parse_settings({"scorer_kernel": "pages"}).describe()
-    assert settings.prefetch == "off" and parse_settings({"prefetch": "side"}).prefetch == "side"
-    assert "prefetch=inline" in parse_settings({"prefetch": "inline"}).describe()
 
 
 def test_scorer_kernel_setting_reaches_the_triton_tuning():
@@ -134,8 +132,6 @@ def test_scorer_kernel_setting_reaches_the_triton_tuning():
         ({"select": "two"}, "select 'two' unknown; use one of auto, merge, chunked"),
         ({"pdl": True}, "unknown key(s) ['pdl']"),
         ({"scorer_kernel": "fast"}, "scorer_kernel 'fast' unknown; use one of cuda, transposed, pages"),
-        ({"prefetch": True}, "prefetch True unknown; use one of off, inline, side"),
-        ({"prefetch": "beside"}, "prefetch 'beside' unknown; use one of off, inline, side"),
         ([1, 2], "must be a dict"),
     ],
 )

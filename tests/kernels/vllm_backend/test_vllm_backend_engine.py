@@ -46,9 +46,6 @@ def _write_checkpoint(model_dir: Path) -> None:
     model.save_pretrained(model_dir, safe_serialization=True)
 
 
-# The sparse engine also asks for the output-projection prefetch: on the CPU nothing is prefetched, but every
-# layer's projection is found (and the tokens must not change).
-SPARSE = {"budget": 32, "prefetch": "side"}
 # One per-request engine (engine budget 4096) serves these settings side by side, each over every prompt.
 PER_REQUEST = ({"scorer": "dense"}, {"scorer": "locks", "budget": 32}, None)
 # The crossover engine (budget 32) runs a step dense while its rows hold at most CROSSOVER_PAGES pages in all:
@@ -63,7 +60,7 @@ def _run_engine(model_dir: str, budgets: list[int | str | dict | None]) -> dict:
     serving PER_REQUEST's settings with prefix caching, a dict = those Locks settings); greedy tokens + counters."""
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", TORCHDYNAMO_DISABLE="1")
     import torch
-    from locks_toolkit.kernels.vllm_backend import counters, out_projection, plugin
+    from locks_toolkit.kernels.vllm_backend import counters, plugin
     from vllm import LLM, SamplingParams
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.attention.selector import _cached_get_attn_backend
@@ -108,8 +105,6 @@ def _run_engine(model_dir: str, budgets: list[int | str | dict | None]) -> dict:
         else:
             outputs = llm.generate(prompts, params, use_tqdm=False)
             results.append({"tokens": [list(o.outputs[0].token_ids) for o in outputs], "counters": counters.snapshot()})
-        results[-1]["projections"] = dict(out_projection.RESOLVED)
-        out_projection.RESOLVED.clear()
         del llm
     return {"runs": results}
 
@@ -131,7 +126,7 @@ def _engine_subprocess(tmp_path: Path, budgets: list[int | None]) -> tuple[dict,
 @pytest.fixture(scope="module")
 def engine_runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engine")
-    result, log = _engine_subprocess(tmp, [None, 4096, SPARSE, "per-request", CROSSOVER])
+    result, log = _engine_subprocess(tmp, [None, 4096, 32, "per-request", CROSSOVER])
     stock, dense, sparse, per_request, crossover = result["runs"]
     assert stock["counters"]["prefill_rows"] == 0  # the stock engine really ran without Locks
     return stock, dense, sparse, log, per_request, crossover
@@ -188,15 +183,6 @@ def test_the_crossover_runs_the_short_steps_dense_and_counts_them_apart_from_fal
     first_sparse = 1 + dense_steps  # the prefill's token, then one token a dense step
     assert [t[:first_sparse] for t in crossover["tokens"]] == [t[:first_sparse] for t in stock_run["tokens"]]
     assert f"crossover={CROSSOVER['crossover']:g}MiB" in log
-
-
-def test_the_prefetch_setting_finds_every_layers_output_projection(engine_runs):
-    _, dense_run, sparse_run, log, _, _ = engine_runs
-    layers = TINY_LLAMA["num_hidden_layers"]
-    assert sparse_run["projections"] == {f"model.layers.{i}.self_attn.attn": "o_proj" for i in range(layers)}
-    assert dense_run["projections"] == {}  # the setting is off by default
-    # vLLM's CPU linear layers keep their weight packed: the engine says so in its log and prefetches nothing
-    assert "no output-projection prefetch: LlamaAttention.o_proj.weight is torch.float32 (0,)" in log
 
 
 def test_a_bad_per_request_setting_is_refused_with_the_allowed_scorers(engine_runs):
