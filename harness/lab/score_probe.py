@@ -72,6 +72,10 @@ VARIANTS = (
     # 20 warps an SM (registers capped at 102; G <= 8 needs 100) and a fifth program an SM: more warps to overlap
     # one warp's arithmetic with another's loads
     ProbeVariant("warps_20", (("MIN_WARPS_PER_SM", 20),), chunk_factor=1.25),
+    # Why a third stage slows the kernel (49.2 against 47.1 µs at 512K bs1 on the H100): whether the loads alone
+    # gain from a second tile in flight, and whether the arithmetic alone loses to the larger shared-memory footprint
+    ProbeVariant("loads_only_stages_3", (("SCORE_PROBE", 1), ("STAGES", 3)), exact=False),
+    ProbeVariant("math_only_stages_3", (("SCORE_PROBE", 2), ("STAGES", 3)), exact=False),
 )
 
 

@@ -16,7 +16,7 @@ def _report(defines):
 
 def test_the_probe_variants_remove_what_they_name():
     """Loads only: the tile loop keeps its bulk copy and drops every mma; arithmetic only: it keeps the mma and
-    drops the copy; the deployed build (no macro) keeps both."""
+    drops the copy (at two stages and at three); the deployed build (no macro) keeps both."""
     by_name = {v.name: v for v in VARIANTS}
     deployed = _report(by_name["deployed"].defines)["loop_opcodes"]
     loads = _report(by_name["loads_only"].defines)["loop_opcodes"]
@@ -24,6 +24,11 @@ def test_the_probe_variants_remove_what_they_name():
     assert deployed.get("UBLKCP") == 1 and deployed.get("IMMA") == 40
     assert loads.get("UBLKCP") == 1 and "IMMA" not in loads and "HMMA" not in loads
     assert "UBLKCP" not in math and math.get("IMMA") == 40
+    # the same instruments over three stages
+    loads3 = _report(by_name["loads_only_stages_3"].defines)["loop_opcodes"]
+    math3 = _report(by_name["math_only_stages_3"].defines)["loop_opcodes"]
+    assert loads3.get("UBLKCP") == 1 and "IMMA" not in loads3
+    assert "UBLKCP" not in math3 and math3.get("IMMA") == 40
 
 
 @pytest.mark.parametrize("stages", [2, 4])
