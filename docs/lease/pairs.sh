@@ -8,7 +8,6 @@
 #   mkdir -p /tmp/runs && setsid nohup bash docs/lease/pairs.sh > /tmp/runs/chain-pairs.log 2>&1 &
 set -u
 source "$(dirname "$0")/chain-env.sh"
-S="$B --arms flashinfer,locks --batch 1 --prefill-attention skip"
 if (( f == 2 )); then
   $B --arms flashinfer,fa3,locks --contexts 32k --batch 1,4,16,32 --out /tmp/runs/pairs-32k.jsonl
   $S --contexts 1m --extend-positions --out /tmp/runs/pairs-1m-skip.jsonl

@@ -8,6 +8,5 @@ source "$(dirname "$0")/chain-env.sh"
 $B --arms flashinfer,fa3,locks --contexts 16k --batch 1,4,16,32 --out /tmp/runs/pairs-16k.jsonl
 if (( f == 2 )); then batches=1,4,16,32; else batches=1,4,16; fi
 $B --arms flashinfer,fa3,locks --contexts 32k --batch "$batches" --out /tmp/runs/pairs-32k.jsonl
-(( f == 2 )) && $B --arms flashinfer,locks --batch 1 --prefill-attention skip --contexts 1m --extend-positions \
-  --out /tmp/runs/pairs-1m-skip.jsonl
+(( f == 2 )) && $S --contexts 1m --extend-positions --out /tmp/runs/pairs-1m-skip.jsonl
 echo "CHAIN DONE"

@@ -7,8 +7,7 @@
 #   mkdir -p /tmp/runs && setsid nohup bash docs/lease/skip-ladder.sh > /tmp/runs/chain-skip.log 2>&1 &
 set -u
 source "$(dirname "$0")/chain-env.sh"
-P="$B --arms flashinfer,locks --batch 1"
-S="$P --prefill-attention skip"
+P="$B --arms flashinfer,locks --batch 1"  # the exact-prefill twin of chain-env.sh's S
 # A 141 GB card: its 1M rung first (the lease's reason); an 80 GB one: the check first, then its longest rung.
 (( f == 2 )) && $S --contexts 1m --extend-positions --out /tmp/runs/pairs-1m-skip.jsonl
 $S --contexts 128k --out /tmp/runs/pairs-128k-skip.jsonl
