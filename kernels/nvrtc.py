@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 
 
-@functools.cache  # the kernels' `fits` run on every eager launch
+@functools.cache  # the score kernel's `fits` runs on every eager launch
 def has_cuda_bindings() -> bool:
     """Whether cuda-bindings (what compiles, loads and launches these kernels) is installed."""
     try:
