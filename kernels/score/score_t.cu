@@ -60,7 +60,9 @@
 #endif
 // A measuring instrument, never a served path (harness/lab/score_probe.py): 1 streams the rows and skips the
 // arithmetic (what the loads alone cost), 2 skips the copies and scores whatever the stages hold (the arithmetic
-// alone). Both write garbage scores.
+// alone); 3 reads each page's scales as three aligned 32-bit pairs, as a [token, column, centroid] scale order would
+// allow (what 12 fewer shared loads a tile are worth); 4 takes q's raw words as its digits (what the prologue's
+// conversion costs). All four write garbage scores.
 #ifndef SCORE_PROBE
 #define SCORE_PROBE 0
 #endif
@@ -247,6 +249,29 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
     u32 qa[Q_MMAS][4][4];
     int bias_hi[LANE_ROWS], bias_lo[LANE_ROWS];
     float lane_scale[LANE_ROWS];
+#if SCORE_PROBE == 4
+    {
+        const uint4* src = reinterpret_cast<const uint4*>(q + seq * s_qs + (long long)(head * group + g % group) * s_qh + 32 * t);
+        u32 w[16];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 v = __ldg(src + i);
+            w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+        }
+#pragma unroll
+        for (int m = 0; m < Q_MMAS; ++m)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) qa[m][j][i] = w[(4 * (m + j) + i) % 16];
+#pragma unroll
+        for (int h2 = 0; h2 < LANE_ROWS; ++h2) {
+            bias_hi[h2] = 0;
+            bias_lo[h2] = 0;
+            lane_scale[h2] = log2_scale;
+        }
+    }
+#else
     {
         u32 even[LANE_ROWS][PIECES][4], odd[LANE_ROWS][PIECES][4];  // [row g, g + 8][highest .. p0][k-step]: bytes of dims 8j + {0,2,4,6} / {1,3,5,7}
 #pragma unroll
@@ -334,6 +359,7 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
 #endif
         }
     }
+#endif
     // Centroid n-tile: columns g = 2p, 2p + 1 are page p's.
     const int mu_page = g >> 1;
 
@@ -372,6 +398,16 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
 #pragma unroll
             for (int u = 0; u < 2; ++u)
                 coef[p][u] = *reinterpret_cast<const u16*>(row + COEF_OFF + (8 * u + g) * RANK + 2 * t);
+#if SCORE_PROBE == 3
+            const u32* sw = reinterpret_cast<const u32*>(row + SCALE_OFF);
+            const u32 tok_lo = sw[t], tok_hi = sw[4 + t], col = sw[8 + t];
+            tok_scale_h[p][0] = (u16)tok_lo;
+            tok_scale_h[p][1] = (u16)(tok_lo >> 16);
+            tok_scale_h[p][2] = (u16)tok_hi;
+            tok_scale_h[p][3] = (u16)(tok_hi >> 16);
+            col_scale_h[p][0] = (u16)col;
+            col_scale_h[p][1] = (u16)(col >> 16);
+#else
             const u16* sc = reinterpret_cast<const u16*>(row + SCALE_OFF);
             tok_scale_h[p][0] = sc[1 + 2 * t];
             tok_scale_h[p][1] = sc[2 + 2 * t];
@@ -379,6 +415,7 @@ extern "C" __global__ void __launch_bounds__(32 * CTA_WARPS, MIN_WARPS_PER_SM / 
             tok_scale_h[p][3] = sc[10 + 2 * t];
             col_scale_h[p][0] = sc[1 + PAGE + 2 * t];
             col_scale_h[p][1] = sc[2 + PAGE + 2 * t];
+#endif
         }
         const u16 mu_scale_h = *reinterpret_cast<const u16*>(tile_rows + t * ROW_BYTES + SCALE_OFF);
 
