@@ -73,15 +73,18 @@ VARIANTS = (
     # one warp's arithmetic with another's loads
     ProbeVariant("warps_20", (("MIN_WARPS_PER_SM", 20),), chunk_factor=1.25),
     # Why a third stage slows the kernel (49.2 against 47.1 µs at 512K bs1 on the H100): whether the loads alone
-    # gain from a second tile in flight, and whether the arithmetic alone loses to the larger shared-memory footprint
+    # gain from a second tile in flight, or the arithmetic alone loses to the larger shared-memory footprint (neither:
+    # only the two together lose, docs/results/score-probe-h100.md)
     ProbeVariant("loads_only_stages_3", (("SCORE_PROBE", 1), ("STAGES", 3)), exact=False),
     ProbeVariant("math_only_stages_3", (("SCORE_PROBE", 2), ("STAGES", 3)), exact=False),
     # Whether the arithmetic alone is latency-bound (faster with more warps an SM) or throughput-bound
     ProbeVariant("math_only_warps_20", (("SCORE_PROBE", 2), ("MIN_WARPS_PER_SM", 20)), chunk_factor=1.25, exact=False),
     # What a change would be worth before it is built: the scales as three aligned 32-bit pairs a page (12 fewer
-    # shared loads a tile, as a [token, column, centroid] scale order would allow), and no digit conversion of q
+    # shared loads a tile, as a [token, column, centroid] scale order would allow: docs/lease/candidates/), no digit
+    # conversion of q, and no ex2 / lg2 in the log-sum-exp
     ProbeVariant("scale_pairs", (("SCORE_PROBE", 3),), exact=False),
     ProbeVariant("q_raw", (("SCORE_PROBE", 4),), exact=False),
+    ProbeVariant("no_mufu", (("SCORE_PROBE", 5),), exact=False),
 )
 
 

@@ -62,7 +62,8 @@
 // arithmetic (what the loads alone cost), 2 skips the copies and scores whatever the stages hold (the arithmetic
 // alone); 3 reads each page's scales as three aligned 32-bit pairs, as a [token, column, centroid] scale order would
 // allow (what 12 fewer shared loads a tile are worth); 4 takes q's raw words as its digits (what the prologue's
-// conversion costs). All four write garbage scores.
+// conversion costs); 5 replaces the log-sum-exp's ex2 and lg2 by identities (what the MUFU work costs). All five
+// write garbage scores.
 #ifndef SCORE_PROBE
 #define SCORE_PROBE 0
 #endif
@@ -132,8 +133,13 @@ __device__ __forceinline__ float half_to_float(u16 h) {
 }
 
 // With --use_fast_math these are single MUFU instructions (ex2.approx.ftz, lg2.approx.ftz), like Triton's.
+#if SCORE_PROBE == 5
+__device__ __forceinline__ float ex2(float x) { return x; }
+__device__ __forceinline__ float lg2(float x) { return x; }
+#else
 __device__ __forceinline__ float ex2(float x) { return exp2f(x); }
 __device__ __forceinline__ float lg2(float x) { return __log2f(x); }
+#endif
 
 // (m, s) <- the log-sum-exp pair of (m, s) and (m2, s2): s counts 2^(x - m) (log2 units); (-inf, 0) is empty.
 __device__ __forceinline__ void merge_lse(float& m, float& s, float m2, float s2) {

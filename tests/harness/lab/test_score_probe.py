@@ -78,14 +78,17 @@ def test_variants_scale_programs_within_capacity_and_order_blocks():
 
 def test_what_if_instruments_change_only_what_they_price():
     """scale_pairs: the tile loop reads each page's scales in 3 shared loads instead of 6 (12 fewer a tile), the
-    mma count unchanged; q_raw: the prologue loses the digit conversion and the loop keeps its mma; the arithmetic
-    at 20 warps an SM fits the 102-register cap and issues no copy."""
+    mma count unchanged; q_raw: the prologue loses the digit conversion and the loop keeps its mma; no_mufu: the loop
+    keeps its mma and issues no MUFU; the arithmetic at 20 warps an SM fits the 102-register cap and issues no copy."""
     by_name = {v.name: v for v in VARIANTS}
     deployed = _report(())
     pairs = _report(by_name["scale_pairs"].defines)
     raw = _report(by_name["q_raw"].defines)
     math20 = _report(by_name["math_only_warps_20"].defines)
+    no_mufu = _report(by_name["no_mufu"].defines)
     assert deployed["loop_opcodes"]["LDS"] - pairs["loop_opcodes"]["LDS"] == 12
     assert pairs["loop_mma"] == deployed["loop_mma"] and pairs["loop_spill_accesses"] == 0
     assert raw["prologue_instructions"] < deployed["prologue_instructions"] / 2 and raw["loop_mma"] == 48
     assert math20["registers"] <= 65536 // (32 * 20) and "UBLKCP" not in math20["loop_opcodes"]
+    assert "MUFU" in deployed["loop_opcodes"] and "MUFU" not in no_mufu["loop_opcodes"]
+    assert no_mufu["loop_mma"] == 48
