@@ -3,7 +3,7 @@
 VENV ?= .venv
 PYTEST_ARGS ?=
 
-.PHONY: stamp venv demo test wheel tree
+.PHONY: stamp venv demo test wheel tree candidate
 venv:
 	bash .ci/install-venv.sh $(VENV)
 
@@ -38,3 +38,10 @@ tree:
 	rm -rf $(DEST) && mkdir -p $(DEST)
 	git archive $(REF) kernels harness suites reports locks_cli | tar -x -C $(DEST)
 	$(STAMP) $(REF) $(DEST)/harness/build_info.json clean
+
+# A tree of HEAD with a prepared candidate patch applied (docs/lease/candidates/), for the same A/B call; its stamp
+# names HEAD as dirty: `make candidate PATCH=docs/lease/candidates/score-scale-order.patch DEST=.gpu/scale`.
+PATCH ?=
+candidate: tree
+	git apply --directory=$(DEST) --include='$(DEST)/kernels/*' --include='$(DEST)/harness/*' $(PATCH)
+	$(VENV)/bin/python -c "import json, sys; p = sys.argv[1]; d = json.load(open(p)); d['dirty'] = True; json.dump(d, open(p, 'w'))" $(DEST)/harness/build_info.json
