@@ -42,6 +42,8 @@ tree:
 # A tree of HEAD with a prepared candidate patch applied (docs/lease/candidates/), for the same A/B call; its stamp
 # names HEAD as dirty: `make candidate PATCH=docs/lease/candidates/score-scale-order.patch DEST=.gpu/scale`.
 PATCH ?=
-candidate: tree
+candidate:
+	@test -f "$(PATCH)" || { echo "make candidate needs PATCH=docs/lease/candidates/<name>.patch (an existing file; got '$(PATCH)')"; exit 2; }
+	$(MAKE) --no-print-directory tree REF=HEAD DEST=$(DEST)
 	git apply --directory=$(DEST) --include='$(DEST)/kernels/*' --include='$(DEST)/harness/*' $(PATCH)
 	$(VENV)/bin/python -c "import json, sys; p = sys.argv[1]; d = json.load(open(p)); d['dirty'] = True; json.dump(d, open(p, 'w'))" $(DEST)/harness/build_info.json

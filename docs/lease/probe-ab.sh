@@ -7,6 +7,7 @@
 # Env: CAND (.gpu/cand), CONTEXTS (512k,1m), CELLS (32k:16).
 set -u
 R=$PWD CAND=${CAND:-.gpu/cand}
+[ -d "$CAND/kernels" ] || { echo "no candidate tree at $CAND: make candidate PATCH=<patch> DEST=$CAND, and carry it"; exit 2; }
 bash docs/lease/kernels.sh python3 -m locks_toolkit.harness.lab.score_probe --contexts 512k --batch 1 --cells 32k:16 \
   --out "$OUT/score-probe.jsonl" > "$OUT/score-probe.md" 2>&1
 grep -E "^\| (512k|32k)" "$OUT/score-probe.md" | cut -d'|' -f2-6
