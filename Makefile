@@ -40,7 +40,7 @@ tree:
 	$(STAMP) $(REF) $(DEST)/harness/build_info.json clean
 
 # A tree of HEAD with a prepared candidate patch applied (docs/lease/candidates/), for the same A/B call; its stamp
-# names HEAD as dirty: `make candidate PATCH=docs/lease/candidates/score-scale-order.patch DEST=.gpu/scale`.
+# names HEAD as dirty: `make candidate PATCH=docs/lease/candidates/score-scale-order.patch DEST=.gpu/cand`.
 PATCH ?=
 candidate:
 	@test -f "$(PATCH)" || { echo "make candidate needs PATCH=docs/lease/candidates/<name>.patch (an existing file; got '$(PATCH)')"; exit 2; }
