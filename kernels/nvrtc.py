@@ -4,20 +4,9 @@ and launching on torch's current stream (so CUDA graphs capture them like any ot
 from __future__ import annotations
 
 import ctypes
-import functools
-import importlib.util
 from collections.abc import Sequence
 
 import torch
-
-
-@functools.cache  # the score kernel's `fits` runs on every eager launch
-def has_cuda_bindings() -> bool:
-    """Whether cuda-bindings (what compiles, loads and launches these kernels) is installed."""
-    try:
-        return importlib.util.find_spec("cuda.bindings") is not None
-    except ModuleNotFoundError:  # no `cuda` package at all
-        return False
 
 
 def compile_cubin(source: bytes, file_name: str, options: Sequence[str]) -> bytes:

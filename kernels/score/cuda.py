@@ -15,6 +15,8 @@ brings the rows to shared memory by Hopper bulk copies ahead of use (~575 SASS p
 from __future__ import annotations
 
 import ctypes
+import functools
+import importlib.util
 import logging
 import pathlib
 import threading
@@ -55,7 +57,7 @@ def fits(q: torch.Tensor, summary_rows: torch.Tensor, rc: RowConstants, group: i
         return f"group size {group} > {MAX_GROUP}"
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         return "not an sm_90 device"
-    if not nvrtc.has_cuda_bindings():
+    if not _has_cuda_bindings():
         return "cuda-bindings is not installed (pip install cuda-bindings)"
     if q.data_ptr() % 16 or q.stride(0) % 8 or q.stride(1) % 8:
         return "query rows not 16-byte aligned"
@@ -67,6 +69,14 @@ def fits(q: torch.Tensor, summary_rows: torch.Tensor, rc: RowConstants, group: i
 def lane_rows(group: int) -> int:
     """Heads per lane in the kernel: 1 where G <= 8 (the spare mma rows carry V^T q's lo term), else 2."""
     return 1 if group <= 8 else 2
+
+
+@functools.cache  # `fits` runs on every eager launch
+def _has_cuda_bindings() -> bool:
+    try:
+        return importlib.util.find_spec("cuda.bindings") is not None
+    except ModuleNotFoundError:  # no `cuda` package at all
+        return False
 
 
 def compile_options(rc: RowConstants, rows_under_4gib: bool, rows_per_lane: int = 2,
